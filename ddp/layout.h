@@ -1,0 +1,97 @@
+/* ddp/layout.h — the flat parameter/gradient buffer, its buckets and each
+ * rank's shard of it. Pure arithmetic: no MPI, no device, unit-testable.
+ *
+ * Rules (see ../shared/DESIGN.md):
+ *  - Parameters are placed in the order given (the caller gives them in the
+ *    order backward finishes their gradients), each starting at an offset that
+ *    is a multiple of `align` elements.
+ *  - A bucket takes whole parameters until it holds at least `bucket_size`
+ *    elements (its last bucket may hold less); its end is padded so that its
+ *    length divides by lcm(world, 128). Bucket b covers
+ *    [start, start + len); the gap left by aligning the next parameter, and
+ *    the end padding, belong to the bucket and are never a parameter.
+ *  - Rank r owns [start + r*len/world, start + (r+1)*len/world) of every
+ *    bucket. A parameter may straddle two ranks' slices.
+ *  - Pieces: the maximal runs where one parameter meets one rank's slice, in
+ *    buffer order. Padding is never inside a piece. A rank's optimizer state
+ *    holds its pieces back to back (state_off), with no padding.
+ *  - Bucket groups: consecutive runs of `buckets_per_group` buckets whose
+ *    reductions are launched together.
+ */
+#ifndef DDP_LAYOUT_H
+#define DDP_LAYOUT_H
+
+#include <stddef.h>
+#include "../kernels/kernels.h"   /* OptPiece */
+
+typedef struct {
+    const char* name;   /* for messages; not copied: must outlive the layout */
+    size_t numel;       /* > 0 */
+    int decay;          /* weight decay applies to it */
+} LayoutParamSpec;
+
+typedef struct {
+    size_t offset;      /* element offset of the parameter in the flat buffer */
+    size_t numel;
+    int bucket;         /* the bucket that holds it */
+    int decay;
+} LayoutParam;
+
+typedef struct {
+    size_t start;       /* element offset of the bucket */
+    size_t len;         /* padded length: divisible by lcm(world, 128) */
+    size_t slice_len;   /* len / world */
+    int first_param;    /* parameters [first_param, first_param + nparams) */
+    int nparams;
+    int group;          /* the bucket group it belongs to */
+} LayoutBucket;
+
+typedef struct {
+    int param;          /* index into params */
+    size_t param_off;   /* element offset inside the parameter */
+    size_t buf_off;     /* element offset in the flat buffer */
+    size_t len;
+    size_t state_off;   /* offset in the owner's optimizer state */
+    int owner;          /* the rank whose slice holds it */
+    int decay;
+} LayoutPiece;
+
+typedef struct {
+    int world;
+    size_t align, bucket_size;
+    int nparams;
+    LayoutParam* params;
+    int nbuckets;
+    LayoutBucket* buckets;
+    int ngroups;
+    int* group_first_bucket;  /* [ngroups + 1]: group g = buckets [gfb[g], gfb[g+1]) */
+    size_t total;             /* elements in the flat buffer, padding included */
+    size_t total_params;      /* sum of numel */
+    /* every piece of every rank, sorted by (owner, buf_off); pieces of rank r
+     * are pieces[rank_first_piece[r] .. rank_first_piece[r+1]) */
+    int npieces;
+    LayoutPiece* pieces;
+    int* rank_first_piece;    /* [world + 1] */
+    size_t* rank_owned;       /* [world]: parameter elements rank r owns */
+} Layout;
+
+/* Builds the layout. Returns 0, or -1 with a one-line reason in err (which
+ * has errlen bytes) for invalid arguments (world < 1, align < 1, bucket_size
+ * < 1, nparams < 1, a zero numel, bucket_per_group < 1). */
+int layout_build(Layout* L, const LayoutParamSpec* specs, int nparams, size_t bucket_size,
+                 int buckets_per_group, int world, size_t align, char* err, size_t errlen);
+void layout_free(Layout* L);
+
+/* The pieces rank r owns, as OptPieces (state_off in r's state), in a newly
+ * allocated array; *n receives the count. rank = -1 gives the pieces of the
+ * whole buffer as one rank would own them (DDP: full optimizer state on every
+ * rank), with state_off running over all parameters. Caller frees. */
+OptPiece* layout_opt_pieces(const Layout* L, int rank, int* n);
+
+/* Parameter elements owned by rank r (sum of its pieces' lengths). */
+size_t layout_owned(const Layout* L, int rank);
+
+/* Print the layout summary (buckets, padding, per-rank ownership) to f. */
+void layout_print(const Layout* L, FILE* f);
+
+#endif
