@@ -30,7 +30,7 @@ ifneq ($(MPICC),)
 endif
 
 CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
-NVCCFLAGS ?= -O3 --use_fast_math -std=c++17 $(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-fopenmp
+NVCCFLAGS ?= -O3 -std=c++17 $(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-fopenmp
 ifneq ($(NVCC),)
   CFLAGS += -DUSE_CUDA -I$(CUDA_HOME)/include
   LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lcublas -lnccl -lstdc++
