@@ -1,0 +1,311 @@
+/* ddp/layout.c — builds the flat parameter/gradient buffer layout declared in
+ * ddp/layout.h: parameter offsets, buckets, bucket groups, each rank's slice
+ * and the pieces (parameter x rank slice) that the optimizer works on.
+ *
+ * Placement, as implemented here:
+ *  - The first parameter of a bucket sits at the bucket start; each further
+ *    parameter at the smallest multiple of `align` at or after the end of the
+ *    previous one.
+ *  - A bucket closes as soon as (end of its last parameter - its start)
+ *    >= bucket_size, or when the parameters run out.
+ *  - Its length is then padded up to a multiple of M = lcm(world, 128, align).
+ *    lcm(world, 128) is what the header requires (equal, 128-aligned rank
+ *    slices); folding `align` into M makes every bucket start, and so the
+ *    first parameter of every bucket, a multiple of `align` as well. With the
+ *    usual power-of-two align <= 128, M is just lcm(world, 128).
+ * All arithmetic is on size_t with explicit overflow checks: a layout that
+ * would not fit in size_t (or more pieces than an int counts) is rejected. */
+#include "layout.h"
+
+#include <limits.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/util.h"
+
+static void layout_set_err(char* err, size_t errlen, const char* fmt, ...) PRINTF_LIKE(3, 4);
+static void layout_set_err(char* err, size_t errlen, const char* fmt, ...) {
+    if (!err || errlen == 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+static size_t layout_gcd(size_t a, size_t b) {
+    while (b) {
+        size_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+/* lcm(a, b) into *out; returns 0 on overflow. a, b >= 1. */
+static int layout_lcm(size_t a, size_t b, size_t* out) {
+    size_t q = a / layout_gcd(a, b);
+    if (q > SIZE_MAX / b) return 0;
+    *out = q * b;
+    return 1;
+}
+
+/* Smallest multiple of m that is >= x, into *out; returns 0 on overflow. */
+static int layout_round_up(size_t x, size_t m, size_t* out) {
+    size_t r = x % m;
+    if (r == 0) {
+        *out = x;
+        return 1;
+    }
+    size_t add = m - r;
+    if (x > SIZE_MAX - add) return 0;
+    *out = x + add;
+    return 1;
+}
+
+static const char* layout_pname(const LayoutParamSpec* s, int i, char* buf, size_t n) {
+    if (s->name) return s->name;
+    snprintf(buf, n, "#%d", i);
+    return buf;
+}
+
+int layout_build(Layout* L, const LayoutParamSpec* specs, int nparams, size_t bucket_size,
+                 int buckets_per_group, int world, size_t align, char* err, size_t errlen) {
+    if (err && errlen) err[0] = '\0';
+    if (!L) {
+        layout_set_err(err, errlen, "layout: no Layout to fill");
+        return -1;
+    }
+    memset(L, 0, sizeof *L);
+    if (world < 1) {
+        layout_set_err(err, errlen, "layout: world size %d must be >= 1", world);
+        return -1;
+    }
+    if (align < 1) {
+        layout_set_err(err, errlen, "layout: align must be >= 1 element");
+        return -1;
+    }
+    if (bucket_size < 1) {
+        layout_set_err(err, errlen, "layout: bucket_size must be >= 1 element");
+        return -1;
+    }
+    if (buckets_per_group < 1) {
+        layout_set_err(err, errlen, "layout: buckets_per_group %d must be >= 1", buckets_per_group);
+        return -1;
+    }
+    if (nparams < 1 || !specs) {
+        layout_set_err(err, errlen, "layout: need at least one parameter (got %d)", nparams);
+        return -1;
+    }
+    char nbuf[32];
+    for (int i = 0; i < nparams; i++) {
+        if (specs[i].numel == 0) {
+            layout_set_err(err, errlen, "layout: parameter %s has zero elements",
+                           layout_pname(&specs[i], i, nbuf, sizeof nbuf));
+            return -1;
+        }
+    }
+    size_t m;  /* every bucket length is a multiple of m */
+    if (!layout_lcm((size_t)world, 128, &m) || !layout_lcm(m, align, &m)) {
+        layout_set_err(err, errlen, "layout: lcm(world %d, 128, align %zu) overflows size_t", world,
+                       align);
+        return -1;
+    }
+
+    LayoutParam* params = xcalloc((size_t)nparams, sizeof *params);
+    LayoutBucket* buckets = xcalloc((size_t)nparams, sizeof *buckets); /* at most one per param */
+    int nbuckets = 0;
+    size_t total_params = 0;
+    size_t bstart = 0;
+    int i = 0;
+    while (i < nparams) {
+        LayoutBucket* B = &buckets[nbuckets];
+        B->start = bstart;
+        B->first_param = i;
+        size_t end = bstart;  /* end of the last parameter placed in this bucket */
+        for (;;) {
+            size_t off = end;
+            if (i > B->first_param && !layout_round_up(end, align, &off)) goto too_large;
+            if (off > SIZE_MAX - specs[i].numel) goto too_large;
+            params[i].offset = off;
+            params[i].numel = specs[i].numel;
+            params[i].bucket = nbuckets;
+            params[i].decay = specs[i].decay;
+            end = off + specs[i].numel;
+            total_params += specs[i].numel;  /* <= end, cannot overflow */
+            i++;
+            if (end - bstart >= bucket_size || i == nparams) break;
+        }
+        size_t bend;
+        if (!layout_round_up(end, m, &bend)) goto too_large;
+        B->len = bend - bstart;
+        B->slice_len = B->len / (size_t)world;
+        B->nparams = i - B->first_param;
+        B->group = nbuckets / buckets_per_group;
+        nbuckets++;
+        bstart = bend;
+    }
+
+    /* Pieces: count (a parameter meets owners r0..r1 of its bucket), then fill
+     * in buffer order and sort stably by owner with a counting sort. */
+    size_t* count = xcalloc((size_t)world + 1, sizeof *count);
+    size_t np = 0;
+    for (int p = 0; p < nparams; p++) {
+        const LayoutBucket* B = &buckets[params[p].bucket];
+        size_t r0 = (params[p].offset - B->start) / B->slice_len;
+        size_t r1 = (params[p].offset + params[p].numel - 1 - B->start) / B->slice_len;
+        np += r1 - r0 + 1;
+        for (size_t r = r0; r <= r1; r++) count[r]++;
+    }
+    if (np > (size_t)INT_MAX || (size_t)world + 1 > SIZE_MAX / sizeof(int)) {
+        free(count);
+        goto too_large;
+    }
+    int* first = xmalloc(((size_t)world + 1) * sizeof *first);
+    size_t* owned = xcalloc((size_t)world, sizeof *owned);
+    size_t* next_state = xcalloc((size_t)world, sizeof *next_state);
+    LayoutPiece* pieces = xcalloc(np, sizeof *pieces);
+    size_t acc = 0;
+    for (int r = 0; r < world; r++) {
+        first[r] = (int)acc;
+        acc += count[r];
+        count[r] = (size_t)first[r];  /* now: next free slot of rank r */
+    }
+    first[world] = (int)acc;
+    for (int p = 0; p < nparams; p++) {
+        const LayoutBucket* B = &buckets[params[p].bucket];
+        size_t x = params[p].offset, pend = params[p].offset + params[p].numel;
+        while (x < pend) {
+            size_t r = (x - B->start) / B->slice_len;
+            size_t slice_end = B->start + (r + 1) * B->slice_len; /* <= B->start + len */
+            size_t e = pend < slice_end ? pend : slice_end;
+            LayoutPiece* P = &pieces[count[r]++];
+            P->param = p;
+            P->param_off = x - params[p].offset;
+            P->buf_off = x;
+            P->len = e - x;
+            P->state_off = next_state[r];
+            P->owner = (int)r;
+            P->decay = params[p].decay;
+            next_state[r] += P->len;
+            owned[r] += P->len;
+            x = e;
+        }
+    }
+    free(count);
+    free(next_state);
+
+    int ngroups = (nbuckets + buckets_per_group - 1) / buckets_per_group;
+    int* gfb = xmalloc(((size_t)ngroups + 1) * sizeof *gfb);
+    for (int g = 0; g < ngroups; g++) gfb[g] = g * buckets_per_group;
+    gfb[ngroups] = nbuckets;
+
+    L->world = world;
+    L->align = align;
+    L->bucket_size = bucket_size;
+    L->nparams = nparams;
+    L->params = params;
+    L->nbuckets = nbuckets;
+    L->buckets = buckets;
+    L->ngroups = ngroups;
+    L->group_first_bucket = gfb;
+    L->total = bstart;
+    L->total_params = total_params;
+    L->npieces = (int)np;
+    L->pieces = pieces;
+    L->rank_first_piece = first;
+    L->rank_owned = owned;
+    return 0;
+
+too_large:
+    free(params);
+    free(buckets);
+    layout_set_err(err, errlen,
+                   "layout: the flat buffer (%d parameters, world %d, align %zu) is too large to "
+                   "address with size_t",
+                   nparams, world, align);
+    return -1;
+}
+
+void layout_free(Layout* L) {
+    if (!L) return;
+    free(L->params);
+    free(L->buckets);
+    free(L->group_first_bucket);
+    free(L->pieces);
+    free(L->rank_first_piece);
+    free(L->rank_owned);
+    memset(L, 0, sizeof *L);
+}
+
+OptPiece* layout_opt_pieces(const Layout* L, int rank, int* n) {
+    if (!L || !L->params) fatal("layout_opt_pieces: the layout was not built");
+    if (rank < -1 || rank >= L->world)
+        fatal("layout_opt_pieces: rank %d is outside [-1, %d)", rank, L->world);
+    if (rank == -1) {
+        OptPiece* out = xmalloc((size_t)L->nparams * sizeof *out);
+        size_t state = 0;
+        for (int p = 0; p < L->nparams; p++) {
+            out[p].buf_off = L->params[p].offset;
+            out[p].state_off = state;
+            out[p].len = L->params[p].numel;
+            out[p].decay = L->params[p].decay;
+            state += L->params[p].numel;
+        }
+        if (n) *n = L->nparams;
+        return out;
+    }
+    int a = L->rank_first_piece[rank], b = L->rank_first_piece[rank + 1];
+    OptPiece* out = xmalloc((size_t)(b - a) * sizeof *out); /* non-NULL even when empty */
+    for (int k = a; k < b; k++) {
+        out[k - a].buf_off = L->pieces[k].buf_off;
+        out[k - a].state_off = L->pieces[k].state_off;
+        out[k - a].len = L->pieces[k].len;
+        out[k - a].decay = L->pieces[k].decay;
+    }
+    if (n) *n = b - a;
+    return out;
+}
+
+size_t layout_owned(const Layout* L, int rank) {
+    if (!L || !L->rank_owned) fatal("layout_owned: the layout was not built");
+    if (rank < 0 || rank >= L->world)
+        fatal("layout_owned: rank %d is outside [0, %d)", rank, L->world);
+    return L->rank_owned[rank];
+}
+
+void layout_print(const Layout* L, FILE* f) {
+    if (!L || !L->params) {
+        fprintf(f, "layout: (not built)\n");
+        return;
+    }
+    size_t pad = L->total - L->total_params;
+    double pct = L->total ? 100.0 * (double)pad / (double)L->total : 0.0;
+    size_t bmin = SIZE_MAX, bmax = 0;
+    for (int b = 0; b < L->nbuckets; b++) {
+        if (L->buckets[b].len < bmin) bmin = L->buckets[b].len;
+        if (L->buckets[b].len > bmax) bmax = L->buckets[b].len;
+    }
+    fprintf(f,
+            "layout: %d params, %d buckets (len %zu..%zu) in %d groups, world %d, align %zu, "
+            "bucket_size %zu\n",
+            L->nparams, L->nbuckets, bmin, bmax, L->ngroups, L->world, L->align, L->bucket_size);
+    fprintf(f, "layout: %zu elements = %zu params + %zu padding (%.2f%%), %d pieces\n", L->total,
+            L->total_params, pad, pct, L->npieces);
+    if (L->world <= 8) {
+        fprintf(f, "layout: owned per rank:");
+        for (int r = 0; r < L->world; r++) fprintf(f, " r%d=%zu", r, L->rank_owned[r]);
+        fprintf(f, "\n");
+    } else {
+        int rmin = 0, rmax = 0;
+        for (int r = 1; r < L->world; r++) {
+            if (L->rank_owned[r] < L->rank_owned[rmin]) rmin = r;
+            if (L->rank_owned[r] > L->rank_owned[rmax]) rmax = r;
+        }
+        fprintf(f, "layout: owned per rank: min %zu (rank %d), max %zu (rank %d), mean %.1f\n",
+                L->rank_owned[rmin], rmin, L->rank_owned[rmax], rmax,
+                (double)L->total_params / (double)L->world);
+    }
+}
