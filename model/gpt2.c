@@ -1,0 +1,556 @@
+/* model/gpt2.c — GPT-2 over the kernel interface: tensors, init, llm.c
+ * files, forward, backward. See gpt2.h. */
+#include "gpt2.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GPT2_MODEL_MAGIC 20240326
+
+static const char* kind_names[GPT2_NUM_KINDS] = {
+    "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
+
+static int kind_is_layer(int k) { return k >= GPT2_LN1W && k <= GPT2_FCPROJB; }
+static int kind_decays(int k) {
+    return k == GPT2_WTE || k == GPT2_WPE || k == GPT2_QKVW || k == GPT2_ATTPROJW ||
+           k == GPT2_FCW || k == GPT2_FCPROJW;
+}
+
+static size_t kind_numel(const GPT2Config* c, int k) {
+    size_t C = (size_t)c->channels;
+    switch (k) {
+    case GPT2_WTE: return (size_t)c->padded_vocab_size * C;
+    case GPT2_WPE: return (size_t)c->max_seq_len * C;
+    case GPT2_QKVW: return 3 * C * C;
+    case GPT2_QKVB: return 3 * C;
+    case GPT2_ATTPROJW: return C * C;
+    case GPT2_FCW: return 4 * C * C;
+    case GPT2_FCB: return 4 * C;
+    case GPT2_FCPROJW: return 4 * C * C;
+    default: return C;   /* layernorm weights/biases, attprojb, fcprojb, lnf */
+    }
+}
+
+int gpt2_preset(const char* name, GPT2Config* cfg) {
+    if (name[0] != 'd' || name[1] == '\0') return -1;
+    char* end = NULL;
+    long n = strtol(name + 1, &end, 10);
+    if (*end != '\0' || n < 2 || n > 48) return -1;
+    cfg->max_seq_len = 1024;
+    cfg->vocab_size = 50257;
+    cfg->padded_vocab_size = 50304;
+    cfg->num_layers = (int)n;
+    cfg->num_heads = (int)n;
+    cfg->channels = 64 * (int)n;
+    return 0;
+}
+
+void gpt2_read_header(const char* path, GPT2Config* cfg, int* version) {
+    FILE* f = xfopen(path, "rb");
+    int32_t h[256];
+    long long size = file_size(f);
+    if (size < (long long)sizeof h)
+        fatal("%s: file is truncated: %lld bytes, shorter than the 1024-byte header", path, size);
+    xfread(h, sizeof(int32_t), 256, f, path);
+    fclose(f);
+    if (h[0] != GPT2_MODEL_MAGIC)
+        fatal("%s: wrong magic number %d (expected %d): not an llm.c model file", path, h[0],
+              GPT2_MODEL_MAGIC);
+    if (h[1] != 3 && h[1] != 5)
+        fatal("%s: unsupported model file version %d (expected 3 for fp32 or 5 for bf16)", path,
+              h[1]);
+    cfg->max_seq_len = h[2];
+    cfg->vocab_size = h[3];
+    cfg->num_layers = h[4];
+    cfg->num_heads = h[5];
+    cfg->channels = h[6];
+    cfg->padded_vocab_size = h[7];
+    if (cfg->max_seq_len <= 0 || cfg->vocab_size <= 0 || cfg->num_layers <= 0 ||
+        cfg->num_heads <= 0 || cfg->channels <= 0 || cfg->padded_vocab_size < cfg->vocab_size ||
+        cfg->channels % cfg->num_heads != 0 || cfg->max_seq_len > (1 << 20) ||
+        cfg->channels > (1 << 16) || cfg->num_layers > 1024 || cfg->padded_vocab_size > (1 << 24))
+        fatal("%s: invalid model shape in header (maxT %d, V %d, Vp %d, L %d, NH %d, C %d)", path,
+              h[2], h[3], h[7], h[4], h[5], h[6]);
+    *version = h[1];
+    /* size check: header + all parameters */
+    GPT2 tmp;
+    memset(&tmp, 0, sizeof tmp);
+    int n;
+    free(gpt2_describe(&tmp, cfg, &n));
+    size_t elsize = h[1] == 3 ? 4 : 2;
+    long long want = (long long)sizeof h + (long long)(tmp.num_parameters * elsize);
+    free(tmp.tensors);
+    free(tmp.layout_to_tensor);
+    if (size != want)
+        fatal("%s: file is %s: %lld bytes, but its header describes %lld bytes", path,
+              size < want ? "truncated" : "too long", size, want);
+}
+
+LayoutParamSpec* gpt2_describe(GPT2* m, const GPT2Config* cfg, int* n) {
+    int L = cfg->num_layers;
+    m->cfg = *cfg;
+    m->ntensors = 12 * L + 4;
+    m->tensors = xcalloc((size_t)m->ntensors, sizeof(GPT2Tensor));
+    m->layout_to_tensor = xcalloc((size_t)m->ntensors, sizeof(int));
+    /* file order: kind-major, layers inside */
+    int ti = 0;
+    size_t off = 0;
+    for (int k = 0; k < GPT2_NUM_KINDS; k++) {
+        int nl = kind_is_layer(k) ? L : 1;
+        for (int l = 0; l < nl; l++) {
+            GPT2Tensor* t = &m->tensors[ti++];
+            t->kind = k;
+            t->layer = kind_is_layer(k) ? l : -1;
+            t->numel = kind_numel(cfg, k);
+            t->file_off = off;
+            t->decay = kind_decays(k);
+            if (t->layer >= 0) snprintf(t->name, sizeof t->name, "h%d.%s", l, kind_names[k]);
+            else snprintf(t->name, sizeof t->name, "%s", kind_names[k]);
+            off += t->numel;
+        }
+    }
+    m->num_parameters = off;
+    /* layout order: the order in which backward finishes the gradients */
+    LayoutParamSpec* specs = xcalloc((size_t)m->ntensors, sizeof(LayoutParamSpec));
+    int li = 0;
+#define TENSOR_INDEX(k, l) (kind_is_layer(k) ? 2 + ((k) - GPT2_LN1W) * L + (l) : \
+                            (k) == GPT2_WTE ? 0 : (k) == GPT2_WPE ? 1 : 2 + 12 * L + ((k) - GPT2_LNFW))
+    int order_layer[12] = {GPT2_FCPROJW, GPT2_FCPROJB, GPT2_FCW, GPT2_FCB, GPT2_LN2W, GPT2_LN2B,
+                           GPT2_ATTPROJW, GPT2_ATTPROJB, GPT2_QKVW, GPT2_QKVB, GPT2_LN1W,
+                           GPT2_LN1B};
+    int* seq = xmalloc(sizeof(int) * (size_t)m->ntensors);
+    int ns = 0;
+    seq[ns++] = TENSOR_INDEX(GPT2_LNFW, -1);
+    seq[ns++] = TENSOR_INDEX(GPT2_LNFB, -1);
+    for (int l = L - 1; l >= 0; l--)
+        for (int j = 0; j < 12; j++) seq[ns++] = TENSOR_INDEX(order_layer[j], l);
+    seq[ns++] = TENSOR_INDEX(GPT2_WPE, -1);
+    seq[ns++] = TENSOR_INDEX(GPT2_WTE, -1);
+#undef TENSOR_INDEX
+    for (li = 0; li < ns; li++) {
+        GPT2Tensor* t = &m->tensors[seq[li]];
+        t->layout_index = li;
+        m->layout_to_tensor[li] = seq[li];
+        specs[li].name = t->name;
+        specs[li].numel = t->numel;
+        specs[li].decay = t->decay;
+    }
+    free(seq);
+    *n = ns;
+    return specs;
+}
+
+void gpt2_bind(GPT2* m, Backend* be, const Layout* L) {
+    m->be = be;
+    m->layout = L;
+    for (int i = 0; i < m->ntensors; i++) {
+        GPT2Tensor* t = &m->tensors[i];
+        t->buf_off = L->params[t->layout_index].offset;
+    }
+    size_t bytes = L->total * dtype_size(be->dtype);
+    m->params = be->alloc(be, bytes, MEM_PARAMS);
+    m->grads = be->alloc(be, bytes, MEM_GRADS);
+    be->zero(be, m->params, bytes);
+    be->zero(be, m->grads, bytes);
+}
+
+/* Host fp32 <-> flat buffer, one tensor at a time, through a staging buffer. */
+static void put_tensor(GPT2* m, const GPT2Tensor* t, const float* src) {
+    Backend* be = m->be;
+    size_t es = dtype_size(be->dtype);
+    char* dst = (char*)m->params + t->buf_off * es;
+    if (be->dtype == DTYPE_FP32) {
+        be->to_device(be, dst, src, t->numel * 4);
+    } else {
+        uint16_t* tmp = xmalloc(t->numel * 2);
+        for (size_t i = 0; i < t->numel; i++) tmp[i] = f32_to_bf16(src[i]);
+        be->to_device(be, dst, tmp, t->numel * 2);
+        be->synchronize(be);
+        free(tmp);
+    }
+}
+
+static void get_tensor(GPT2* m, const void* buf, const GPT2Tensor* t, float* out) {
+    Backend* be = m->be;
+    size_t es = dtype_size(be->dtype);
+    const char* src = (const char*)buf + t->buf_off * es;
+    if (be->dtype == DTYPE_FP32) {
+        be->to_host(be, out, src, t->numel * 4);
+    } else {
+        uint16_t* tmp = xmalloc(t->numel * 2);
+        be->to_host(be, tmp, src, t->numel * 2);
+        for (size_t i = 0; i < t->numel; i++) out[i] = bf16_to_f32(tmp[i]);
+        free(tmp);
+    }
+}
+
+void gpt2_params_to_host(GPT2* m, float* out) {
+    for (int i = 0; i < m->ntensors; i++)
+        get_tensor(m, m->params, &m->tensors[i], out + m->tensors[i].file_off);
+}
+void gpt2_grads_to_host(GPT2* m, float* out) {
+    for (int i = 0; i < m->ntensors; i++)
+        get_tensor(m, m->grads, &m->tensors[i], out + m->tensors[i].file_off);
+}
+void gpt2_params_from_host(GPT2* m, const float* in) {
+    for (int i = 0; i < m->ntensors; i++)
+        put_tensor(m, &m->tensors[i], in + m->tensors[i].file_off);
+}
+
+void gpt2_init_random(GPT2* m, uint64_t seed) {
+    const GPT2Config* c = &m->cfg;
+    float resid_std = 0.02f / sqrtf(2.0f * (float)c->num_layers);
+    for (int i = 0; i < m->ntensors; i++) {
+        const GPT2Tensor* t = &m->tensors[i];
+        float* w = xmalloc(t->numel * sizeof(float));
+        /* one stream per tensor, so a tensor's values do not depend on the others */
+        Rng r;
+        rng_seed(&r, seed * 1000003ull + (uint64_t)t->kind * 4099ull + (uint64_t)(t->layer + 1));
+        size_t n = t->numel;
+        switch (t->kind) {
+        case GPT2_LN1W: case GPT2_LN2W: case GPT2_LNFW:
+            for (size_t j = 0; j < n; j++) w[j] = 1.0f;
+            break;
+        case GPT2_LN1B: case GPT2_LN2B: case GPT2_LNFB: case GPT2_QKVB: case GPT2_ATTPROJB:
+        case GPT2_FCB: case GPT2_FCPROJB:
+            memset(w, 0, n * sizeof(float));
+            break;
+        case GPT2_WTE: {
+            size_t real = (size_t)c->vocab_size * (size_t)c->channels;
+            for (size_t j = 0; j < n; j++) w[j] = j < real ? 0.02f * rng_normal(&r) : 0.0f;
+            break;
+        }
+        case GPT2_ATTPROJW: case GPT2_FCPROJW:
+            for (size_t j = 0; j < n; j++) w[j] = resid_std * rng_normal(&r);
+            break;
+        default:
+            for (size_t j = 0; j < n; j++) w[j] = 0.02f * rng_normal(&r);
+        }
+        put_tensor(m, t, w);
+        free(w);
+    }
+    m->be->synchronize(m->be);
+}
+
+void gpt2_load(GPT2* m, const char* path) {
+    GPT2Config fc;
+    int version;
+    gpt2_read_header(path, &fc, &version);
+    const GPT2Config* c = &m->cfg;
+    if (fc.max_seq_len != c->max_seq_len || fc.vocab_size != c->vocab_size ||
+        fc.padded_vocab_size != c->padded_vocab_size || fc.num_layers != c->num_layers ||
+        fc.num_heads != c->num_heads || fc.channels != c->channels)
+        fatal("%s: model shape (L %d, NH %d, C %d, maxT %d, V %d) differs from the run's "
+              "(L %d, NH %d, C %d, maxT %d, V %d)", path, fc.num_layers, fc.num_heads,
+              fc.channels, fc.max_seq_len, fc.vocab_size, c->num_layers, c->num_heads,
+              c->channels, c->max_seq_len, c->vocab_size);
+    FILE* f = xfopen(path, "rb");
+    fseek(f, 256 * sizeof(int32_t), SEEK_SET);
+    for (int i = 0; i < m->ntensors; i++) {
+        const GPT2Tensor* t = &m->tensors[i];
+        float* w = xmalloc(t->numel * sizeof(float));
+        if (version == 3) {
+            xfread(w, sizeof(float), t->numel, f, path);
+        } else {
+            uint16_t* h = xmalloc(t->numel * 2);
+            xfread(h, 2, t->numel, f, path);
+            for (size_t j = 0; j < t->numel; j++) w[j] = bf16_to_f32(h[j]);
+            free(h);
+        }
+        for (size_t j = 0; j < t->numel; j++)
+            if (!isfinite(w[j])) fatal("%s: tensor %s holds a non-finite value at %zu", path, t->name, j);
+        put_tensor(m, t, w);
+        free(w);
+    }
+    fclose(f);
+    m->be->synchronize(m->be);
+}
+
+void gpt2_save(GPT2* m, const char* path, int version) {
+    const GPT2Config* c = &m->cfg;
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) fatal("path too long: %s", path);
+    FILE* f = xfopen(tmp, "wb");
+    int32_t h[256];
+    memset(h, 0, sizeof h);
+    h[0] = GPT2_MODEL_MAGIC;
+    h[1] = version;
+    h[2] = c->max_seq_len;
+    h[3] = c->vocab_size;
+    h[4] = c->num_layers;
+    h[5] = c->num_heads;
+    h[6] = c->channels;
+    h[7] = c->padded_vocab_size;
+    xfwrite(h, sizeof(int32_t), 256, f, tmp);
+    for (int i = 0; i < m->ntensors; i++) {
+        const GPT2Tensor* t = &m->tensors[i];
+        float* w = xmalloc(t->numel * sizeof(float));
+        get_tensor(m, m->params, t, w);
+        if (version == 3) {
+            xfwrite(w, sizeof(float), t->numel, f, tmp);
+        } else {
+            uint16_t* hb = xmalloc(t->numel * 2);
+            for (size_t j = 0; j < t->numel; j++) hb[j] = f32_to_bf16(w[j]);
+            xfwrite(hb, 2, t->numel, f, tmp);
+            free(hb);
+        }
+        free(w);
+    }
+    if (fflush(f) != 0 || fclose(f) != 0) fatal("%s: write failed (disk full?)", tmp);
+    if (rename(tmp, path) != 0) fatal("cannot rename %s to %s", tmp, path);
+}
+
+/* ---------------------------------------------------------------------------
+ * Activations. One block, carved in a fixed order; sizes in elements. */
+typedef struct {
+    void *encoded;                        /* [B,T,C] */
+    void *ln1, *qkv, *atty, *attproj, *res2, *ln2, *fch, *fch_gelu, *fcproj, *res3; /* per layer */
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lse;
+    void *lnf, *logits;
+    float *lnf_mean, *lnf_rstd, *losses;
+    /* backward scratch */
+    void *dres, *dbtc, *dqkv, *dfch;
+} Acts;
+
+static size_t acts_layout(const GPT2* m, int B, int T, Acts* a, char* base) {
+    const GPT2Config* c = &m->cfg;
+    size_t es = dtype_size(m->be->dtype);
+    size_t BT = (size_t)B * T, C = (size_t)c->channels, L = (size_t)c->num_layers;
+    size_t off = 0;
+#define CARVE(ptr, type, count)                                              \
+    do {                                                                     \
+        if (base) ptr = (type*)(base + off);                                 \
+        off += (((size_t)(count) * (sizeof(type) == 1 ? es : sizeof(type))) + 255) & ~(size_t)255; \
+    } while (0)
+    /* X tensors are carved as char (sizeof 1 -> element size es) */
+    CARVE(a->encoded, char, BT * C);
+    CARVE(a->ln1, char, L * BT * C);
+    CARVE(a->qkv, char, L * BT * 3 * C);
+    CARVE(a->atty, char, L * BT * C);
+    CARVE(a->attproj, char, BT * C);          /* only feeds the residual: shared */
+    CARVE(a->res2, char, L * BT * C);
+    CARVE(a->ln2, char, L * BT * C);
+    CARVE(a->fch, char, L * BT * 4 * C);
+    CARVE(a->fch_gelu, char, L * BT * 4 * C);
+    CARVE(a->fcproj, char, BT * C);           /* shared likewise */
+    CARVE(a->res3, char, L * BT * C);
+    CARVE(a->lnf, char, BT * C);
+    CARVE(a->logits, char, BT * (size_t)c->padded_vocab_size);
+    CARVE(a->dres, char, BT * C);
+    CARVE(a->dbtc, char, BT * C);
+    CARVE(a->dqkv, char, BT * 3 * C);
+    CARVE(a->dfch, char, BT * 4 * C);
+    CARVE(a->ln1_mean, float, L * BT);
+    CARVE(a->ln1_rstd, float, L * BT);
+    CARVE(a->ln2_mean, float, L * BT);
+    CARVE(a->ln2_rstd, float, L * BT);
+    CARVE(a->lse, float, L * BT * (size_t)c->num_heads);
+    CARVE(a->lnf_mean, float, BT);
+    CARVE(a->lnf_rstd, float, BT);
+    CARVE(a->losses, float, BT);
+#undef CARVE
+    return off;
+}
+
+void gpt2_alloc_activations(GPT2* m, int B, int T) {
+    Acts a;
+    m->B = B;
+    m->T = T;
+    m->acts_bytes = acts_layout(m, B, T, &a, NULL);
+    m->acts = m->be->alloc(m->be, m->acts_bytes, MEM_ACTIVATIONS);
+    m->inputs_dev = m->be->alloc(m->be, (size_t)B * T * sizeof(int), MEM_ACTIVATIONS);
+    m->targets_dev = m->be->alloc(m->be, (size_t)B * T * sizeof(int), MEM_ACTIVATIONS);
+    m->losses_host = xmalloc((size_t)B * T * sizeof(float));
+    m->inputs_host_copy = xmalloc((size_t)B * T * sizeof(int));
+}
+
+/* element offset helpers */
+static void* X(const GPT2* m, void* base, size_t elems) {
+    return (char*)base + elems * dtype_size(m->be->dtype);
+}
+static void* P(const GPT2* m, void* buf, int kind, int layer) {
+    int L = m->cfg.num_layers;
+    int idx = kind_is_layer(kind) ? 2 + (kind - GPT2_LN1W) * L + layer
+              : kind == GPT2_WTE ? 0 : kind == GPT2_WPE ? 1 : 2 + 12 * L + (kind - GPT2_LNFW);
+    return X(m, buf, m->tensors[idx].buf_off);
+}
+
+float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T, float dloss) {
+    Backend* be = m->be;
+    const GPT2Config* c = &m->cfg;
+    if (B > m->B || T > m->T || T > c->max_seq_len)
+        fatal("internal: forward with B=%d T=%d exceeds the allocation B=%d T=%d", B, T, m->B, m->T);
+    Acts a;
+    /* carve for the allocated (B, T) so that buffers do not move; use B*T of them */
+    acts_layout(m, m->B, m->T, &a, (char*)m->acts);
+    size_t BT = (size_t)B * T, BTa = (size_t)m->B * m->T, C = (size_t)c->channels;
+    int L = c->num_layers, NH = c->num_heads;
+    be->to_device(be, m->inputs_dev, inputs, BT * sizeof(int));
+    memcpy(m->inputs_host_copy, inputs, BT * sizeof(int));
+    if (targets) be->to_device(be, m->targets_dev, targets, BT * sizeof(int));
+
+    be->encoder_forward(be, a.encoded, m->inputs_dev, P(m, m->params, GPT2_WTE, -1),
+                        P(m, m->params, GPT2_WPE, -1), B, T, (int)C);
+    /* layer 0's ln1 stands alone; every later ln1 (and lnf) is fused with the
+     * residual add that ends the previous layer. */
+    be->layernorm_forward(be, a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded,
+                          P(m, m->params, GPT2_LN1W, 0), P(m, m->params, GPT2_LN1B, 0), (int)BT, (int)C);
+    for (int l = 0; l < L; l++) {
+        void* res_in = l == 0 ? a.encoded : X(m, a.res3, (size_t)(l - 1) * BTa * C);
+        void* ln1 = X(m, a.ln1, (size_t)l * BTa * C);
+        void* qkv = X(m, a.qkv, (size_t)l * BTa * 3 * C);
+        void* atty = X(m, a.atty, (size_t)l * BTa * C);
+        void* res2 = X(m, a.res2, (size_t)l * BTa * C);
+        void* ln2 = X(m, a.ln2, (size_t)l * BTa * C);
+        void* fch = X(m, a.fch, (size_t)l * BTa * 4 * C);
+        void* fchg = X(m, a.fch_gelu, (size_t)l * BTa * 4 * C);
+        void* res3 = X(m, a.res3, (size_t)l * BTa * C);
+        float* lse = a.lse + (size_t)l * BTa * NH;
+        be->matmul_forward(be, qkv, NULL, ln1, P(m, m->params, GPT2_QKVW, l),
+                           P(m, m->params, GPT2_QKVB, l), (int)BT, (int)C, (int)(3 * C));
+        be->attention_forward(be, atty, lse, qkv, B, T, (int)C, NH);
+        be->matmul_forward(be, a.attproj, NULL, atty, P(m, m->params, GPT2_ATTPROJW, l),
+                           P(m, m->params, GPT2_ATTPROJB, l), (int)BT, (int)C, (int)C);
+        be->residual_layernorm_forward(be, res2, ln2, a.ln2_mean + (size_t)l * BTa,
+                                       a.ln2_rstd + (size_t)l * BTa, res_in, a.attproj,
+                                       P(m, m->params, GPT2_LN2W, l), P(m, m->params, GPT2_LN2B, l),
+                                       (int)BT, (int)C);
+        be->matmul_forward(be, fchg, fch, ln2, P(m, m->params, GPT2_FCW, l),
+                           P(m, m->params, GPT2_FCB, l), (int)BT, (int)C, (int)(4 * C));
+        be->matmul_forward(be, a.fcproj, NULL, fchg, P(m, m->params, GPT2_FCPROJW, l),
+                           P(m, m->params, GPT2_FCPROJB, l), (int)BT, (int)(4 * C), (int)C);
+        if (l + 1 < L) {
+            be->residual_layernorm_forward(be, res3, X(m, a.ln1, (size_t)(l + 1) * BTa * C),
+                                           a.ln1_mean + (size_t)(l + 1) * BTa,
+                                           a.ln1_rstd + (size_t)(l + 1) * BTa, res2, a.fcproj,
+                                           P(m, m->params, GPT2_LN1W, l + 1),
+                                           P(m, m->params, GPT2_LN1B, l + 1), (int)BT, (int)C);
+        } else {
+            be->residual_layernorm_forward(be, res3, a.lnf, a.lnf_mean, a.lnf_rstd, res2, a.fcproj,
+                                           P(m, m->params, GPT2_LNFW, -1),
+                                           P(m, m->params, GPT2_LNFB, -1), (int)BT, (int)C);
+        }
+    }
+    be->matmul_forward(be, a.logits, NULL, a.lnf, P(m, m->params, GPT2_WTE, -1), NULL, (int)BT,
+                       (int)C, c->padded_vocab_size);
+    m->cur_B = B;
+    m->cur_T = T;
+    if (!targets) return 0.0f;
+    be->fused_classifier(be, a.logits, a.losses, m->targets_dev, dloss, (int)BT, c->vocab_size,
+                         c->padded_vocab_size);
+    be->to_host(be, m->losses_host, a.losses, BT * sizeof(float));
+    double sum = 0.0;
+    for (size_t i = 0; i < BT; i++) sum += m->losses_host[i];
+    return (float)(sum / (double)BT);
+}
+
+static void mark_layer(GPT2* m, int layer, gpt2_ready_fn ready, void* ctx) {
+    if (!ready) return;
+    int L = m->cfg.num_layers;
+    for (int k = GPT2_LN1W; k <= GPT2_FCPROJB; k++)
+        ready(ctx, m->tensors[2 + (k - GPT2_LN1W) * L + layer].layout_index);
+}
+
+void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx) {
+    Backend* be = m->be;
+    const GPT2Config* c = &m->cfg;
+    int B = m->cur_B, T = m->cur_T;
+    Acts a;
+    acts_layout(m, m->B, m->T, &a, (char*)m->acts);
+    size_t BT = (size_t)B * T, BTa = (size_t)m->B * m->T, C = (size_t)c->channels;
+    int L = c->num_layers, NH = c->num_heads;
+    void* G = m->grads;
+    void* W = m->params;
+
+    /* classifier: logits now hold dlogits; wte's gradient is not final until
+     * the encoder's backward */
+    be->matmul_backward(be, a.dbtc, P(m, G, GPT2_WTE, -1), NULL, a.logits, a.lnf,
+                        P(m, W, GPT2_WTE, -1), NULL, (int)BT, (int)C, c->padded_vocab_size);
+    be->zero(be, a.dres, BT * C * dtype_size(be->dtype));
+    be->layernorm_backward(be, a.dres, P(m, G, GPT2_LNFW, -1), P(m, G, GPT2_LNFB, -1), a.dbtc,
+                           X(m, a.res3, (size_t)(L - 1) * BTa * C), P(m, W, GPT2_LNFW, -1),
+                           a.lnf_mean, a.lnf_rstd, (int)BT, (int)C);
+    if (ready) {
+        ready(ctx, m->tensors[2 + 12 * L].layout_index);
+        ready(ctx, m->tensors[2 + 12 * L + 1].layout_index);
+    }
+    for (int l = L - 1; l >= 0; l--) {
+        void* res_in = l == 0 ? a.encoded : X(m, a.res3, (size_t)(l - 1) * BTa * C);
+        void* ln1 = X(m, a.ln1, (size_t)l * BTa * C);
+        void* qkv = X(m, a.qkv, (size_t)l * BTa * 3 * C);
+        void* atty = X(m, a.atty, (size_t)l * BTa * C);
+        void* res2 = X(m, a.res2, (size_t)l * BTa * C);
+        void* ln2 = X(m, a.ln2, (size_t)l * BTa * C);
+        void* fch = X(m, a.fch, (size_t)l * BTa * 4 * C);
+        void* fchg = X(m, a.fch_gelu, (size_t)l * BTa * 4 * C);
+        float* lse = a.lse + (size_t)l * BTa * NH;
+        /* MLP: dres is the gradient of res3 (= res2 + fcproj) */
+        be->matmul_backward(be, a.dfch, P(m, G, GPT2_FCPROJW, l), P(m, G, GPT2_FCPROJB, l), a.dres,
+                            fchg, P(m, W, GPT2_FCPROJW, l), fch, (int)BT, (int)(4 * C), (int)C);
+        be->matmul_backward(be, a.dbtc, P(m, G, GPT2_FCW, l), P(m, G, GPT2_FCB, l), a.dfch, ln2,
+                            P(m, W, GPT2_FCW, l), NULL, (int)BT, (int)C, (int)(4 * C));
+        be->layernorm_backward(be, a.dres, P(m, G, GPT2_LN2W, l), P(m, G, GPT2_LN2B, l), a.dbtc,
+                               res2, P(m, W, GPT2_LN2W, l), a.ln2_mean + (size_t)l * BTa,
+                               a.ln2_rstd + (size_t)l * BTa, (int)BT, (int)C);
+        /* attention: dres is now the gradient of res2 (= res_in + attproj) */
+        be->matmul_backward(be, a.dbtc, P(m, G, GPT2_ATTPROJW, l), P(m, G, GPT2_ATTPROJB, l),
+                            a.dres, atty, P(m, W, GPT2_ATTPROJW, l), NULL, (int)BT, (int)C, (int)C);
+        be->attention_backward(be, a.dqkv, a.dbtc, qkv, atty, lse, B, T, (int)C, NH);
+        be->matmul_backward(be, a.dbtc, P(m, G, GPT2_QKVW, l), P(m, G, GPT2_QKVB, l), a.dqkv, ln1,
+                            P(m, W, GPT2_QKVW, l), NULL, (int)BT, (int)C, (int)(3 * C));
+        be->layernorm_backward(be, a.dres, P(m, G, GPT2_LN1W, l), P(m, G, GPT2_LN1B, l), a.dbtc,
+                               res_in, P(m, W, GPT2_LN1W, l), a.ln1_mean + (size_t)l * BTa,
+                               a.ln1_rstd + (size_t)l * BTa, (int)BT, (int)C);
+        mark_layer(m, l, ready, ctx);
+    }
+    be->encoder_backward(be, P(m, G, GPT2_WTE, -1), P(m, G, GPT2_WPE, -1), a.dres, m->inputs_dev,
+                         B, T, (int)C);
+    if (ready) {
+        ready(ctx, m->tensors[1].layout_index);   /* wpe */
+        ready(ctx, m->tensors[0].layout_index);   /* wte */
+    }
+}
+
+void gpt2_logits_row(GPT2* m, int b, int t, float* out) {
+    Acts a;
+    acts_layout(m, m->B, m->T, &a, (char*)m->acts);
+    size_t row = (size_t)b * m->cur_T + t;
+    size_t Vp = (size_t)m->cfg.padded_vocab_size, V = (size_t)m->cfg.vocab_size;
+    const void* src = X(m, a.logits, row * Vp);
+    if (m->be->dtype == DTYPE_FP32) {
+        m->be->to_host(m->be, out, src, V * sizeof(float));
+    } else {
+        uint16_t* tmp = xmalloc(V * 2);
+        m->be->to_host(m->be, tmp, src, V * 2);
+        for (size_t i = 0; i < V; i++) out[i] = bf16_to_f32(tmp[i]);
+        free(tmp);
+    }
+}
+
+double gpt2_flops_per_token(const GPT2* m, int T) {
+    const GPT2Config* c = &m->cfg;
+    double C = c->channels, L = c->num_layers;
+    double matmul_params = 12.0 * L * C * C + (double)c->padded_vocab_size * C;  /* layers + lm head */
+    return 6.0 * matmul_params + 12.0 * L * C * (double)T;
+}
+
+void gpt2_free(GPT2* m) {
+    Backend* be = m->be;
+    if (be) {
+        size_t bytes = m->layout->total * dtype_size(be->dtype);
+        be->release(be, m->params, bytes, MEM_PARAMS);
+        be->release(be, m->grads, bytes, MEM_GRADS);
+        if (m->acts) {
+            be->release(be, m->acts, m->acts_bytes, MEM_ACTIVATIONS);
+            be->release(be, m->inputs_dev, (size_t)m->B * m->T * sizeof(int), MEM_ACTIVATIONS);
+            be->release(be, m->targets_dev, (size_t)m->B * m->T * sizeof(int), MEM_ACTIVATIONS);
+        }
+    }
+    free(m->losses_host);
+    free(m->inputs_host_copy);
+    free(m->tensors);
+    free(m->layout_to_tensor);
+    memset(m, 0, sizeof *m);
+}

@@ -1,0 +1,105 @@
+/* model/gpt2.h — GPT-2 itself: configuration, parameter tensors, weight
+ * init, llm.c model files, forward and backward over the kernel interface.
+ *
+ * The model owns no parameter storage layout of its own: its tensors are
+ * views into the flat param/grad buffers whose layout (ddp/layout.h) the
+ * caller builds from gpt2_layout_specs(). */
+#ifndef MODEL_GPT2_H
+#define MODEL_GPT2_H
+
+#include <stddef.h>
+#include "../kernels/kernels.h"
+#include "../ddp/layout.h"
+
+typedef struct {
+    int max_seq_len;        /* maxT */
+    int vocab_size;         /* V: 50257 */
+    int padded_vocab_size;  /* Vp: 50304 */
+    int num_layers;         /* L */
+    int num_heads;          /* NH */
+    int channels;           /* C */
+} GPT2Config;
+
+/* The 16 kinds of parameter tensor, in llm.c's file order. */
+enum {
+    GPT2_WTE, GPT2_WPE, GPT2_LN1W, GPT2_LN1B, GPT2_QKVW, GPT2_QKVB, GPT2_ATTPROJW,
+    GPT2_ATTPROJB, GPT2_LN2W, GPT2_LN2B, GPT2_FCW, GPT2_FCB, GPT2_FCPROJW, GPT2_FCPROJB,
+    GPT2_LNFW, GPT2_LNFB, GPT2_NUM_KINDS
+};
+
+typedef struct {
+    int kind, layer;        /* layer = -1 for the non-layer tensors */
+    size_t numel;
+    size_t file_off;        /* element offset in llm.c's file order */
+    size_t buf_off;         /* element offset in the flat buffers (from the layout) */
+    int layout_index;       /* index in the layout's parameter list */
+    int decay;              /* weight decay applies: matmul weights and embeddings */
+    char name[32];
+} GPT2Tensor;
+
+/* Called by backward as soon as a tensor's gradient is final for this
+ * micro-step (layout_index as in the layout). */
+typedef void (*gpt2_ready_fn)(void* ctx, int layout_index);
+
+typedef struct {
+    GPT2Config cfg;
+    Backend* be;
+    int ntensors;           /* 12 L + 4 */
+    GPT2Tensor* tensors;    /* in llm.c file order */
+    int* layout_to_tensor;  /* layout index -> tensor index */
+    size_t num_parameters;  /* sum of numel (padded vocab rows included) */
+    const Layout* layout;
+    void* params;           /* flat buffers, layout->total elements of be->dtype */
+    void* grads;
+    /* activations, allocated for (B, T) by gpt2_alloc_activations */
+    int B, T;
+    int recompute;          /* reserved for the CUDA issue; 0 here */
+    void* acts;             /* one block */
+    size_t acts_bytes;
+    int* inputs_dev;
+    int* targets_dev;
+    float* losses_host;
+    int* inputs_host_copy;  /* the inputs of the last forward */
+    int cur_B, cur_T;       /* shape of the last forward */
+} GPT2;
+
+/* Preset "dN": N layers, 64*N channels, N heads, maxT 1024 (d12 = GPT-2
+ * 124M). Returns 0, or -1 if name is not a preset. */
+int gpt2_preset(const char* name, GPT2Config* cfg);
+/* Reads the config from an llm.c model file's header (fatal on a bad file). */
+void gpt2_read_header(const char* path, GPT2Config* cfg, int* file_dtype_version);
+/* The model's tensors (sets m->cfg, m->tensors, m->num_parameters) and the
+ * layout specs in backward-finish order, with *n = ntensors. Caller frees. */
+LayoutParamSpec* gpt2_describe(GPT2* m, const GPT2Config* cfg, int* n);
+/* Binds the model to a backend and a built layout; allocates the flat buffers
+ * (zeroed, so padding is 0). */
+void gpt2_bind(GPT2* m, Backend* be, const Layout* L);
+/* GPT-2 init (normal 0.02, residual projections 0.02/sqrt(2L), biases 0,
+ * layernorm weights 1; padded vocab rows 0), from seed; layout independent. */
+void gpt2_init_random(GPT2* m, uint64_t seed);
+/* llm.c model files. load: fatal on a bad file or a shape that differs from
+ * m->cfg. save: version 3 (fp32) or 5 (bf16), written to path.tmp, then
+ * renamed. */
+void gpt2_load(GPT2* m, const char* path);
+void gpt2_save(GPT2* m, const char* path, int version);
+/* Parameters as fp32 in llm.c file order (host array of num_parameters). */
+void gpt2_params_to_host(GPT2* m, float* out);
+void gpt2_grads_to_host(GPT2* m, float* out);
+void gpt2_params_from_host(GPT2* m, const float* in);
+
+void gpt2_alloc_activations(GPT2* m, int B, int T);
+/* Forward over inputs[B*T] (host ids). With targets (host ids), returns the
+ * mean loss; if also dloss != 0 the logits are replaced by their gradient
+ * times dloss, ready for gpt2_backward. B, T may be smaller than allocated. */
+float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T, float dloss);
+/* Backward of the last forward (which had dloss != 0): grads += ..., calling
+ * ready(ctx, layout_index) for each tensor as its gradient becomes final. */
+void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx);
+/* Logits of position (b, t) of the last forward, first V columns, as fp32 on
+ * the host (out has V floats). */
+void gpt2_logits_row(GPT2* m, int b, int t, float* out);
+/* Training FLOPs per token: 6 * (params in matmuls) + 12 * L * C * T. */
+double gpt2_flops_per_token(const GPT2* m, int T);
+void gpt2_free(GPT2* m);
+
+#endif
