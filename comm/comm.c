@@ -1,0 +1,596 @@
+/* comm/comm.c — the communicator's host side: bootstrap (MPI, or rank 0 of 1
+ * when built without USE_MPI), the choice of collective backend, the single
+ * backend, the MPI backend (host buffers; device buffers staged through
+ * pinned host memory), the bounded waits, the blocking host helpers and
+ * aborting every rank. The NCCL backend and every CUDA call live in
+ * comm/comm_nccl.c.
+ *
+ * MPI backend semantics (documented here because they fix the rounding):
+ *  - Reductions run in fp32. bf16 buffers are widened to an fp32 staging
+ *    buffer, reduced, and rounded back to bf16 once (round to nearest even),
+ *    so a bf16 all-reduce is as exact as an fp32 one up to that last rounding.
+ *  - average = a sum over ranks, then every final value is multiplied once by
+ *    1.0f/world in fp32 (v *= 1.0f / world) in comm_wait, before any rounding
+ *    to bf16. With world a power of two this equals a division; otherwise it
+ *    may differ from v / world by one ulp. At world 1 it is the identity.
+ *  - reduce-scatter receives into a separate buffer of count/world elements
+ *    from the scratch pool (MPI's in-place variant puts the result at the
+ *    start of the buffer, not at the rank's slice) and comm_wait copies it
+ *    into the rank's slice.
+ *  - Scratch buffers come from a per-communicator pool that only grows (a
+ *    buffer is reused once the handle that held it is waited on). On a host
+ *    backend they are allocated through be->alloc as MEM_COMM, so they show
+ *    in the memory lines; pinned staging of a device backend is host memory,
+ *    not device memory, and is not counted in be->mem.
+ *  - Device buffers (be->name "cuda") go through pinned host memory: at launch
+ *    the comm stream waits on the compute stream, copies the buffer to the
+ *    host and the host waits for that copy; the MPI collective then runs on
+ *    the host; comm_wait copies the result back on the comm stream and makes
+ *    the compute stream wait on it. This path does not overlap the launch's
+ *    device-to-host copy with compute: it exists for correctness (several
+ *    ranks on one GPU, which NCCL refuses), not for speed.
+ *  - Every wait polls (MPI_Test, then a 50 us sleep) until done or
+ *    c->timeout_s has passed; a timeout prints which operation stalled and
+ *    MPI_Aborts every rank. The blocking host helpers use the same wait.
+ *  - MPI counts are int: one collective of more than INT_MAX elements (per
+ *    slice for reduce-scatter and all-gather) is refused with a clear error.
+ */
+#include "comm.h"
+#include "comm_internal.h"
+
+#include <limits.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifdef USE_MPI
+#include <mpi.h>
+#endif
+
+typedef struct {
+    void* p;
+    size_t bytes;
+    int pinned;   /* cudaMallocHost (device-backend staging) */
+    int tracked;  /* allocated through be->alloc (host backend) */
+    int in_use;
+} CommScratch;
+
+typedef struct {
+#ifdef USE_MPI
+    MPI_Comm mpi;          /* duplicate of MPI_COMM_WORLD: collectives and helpers */
+    int mpi_owned;         /* we called MPI_Init, so we call MPI_Finalize */
+#endif
+    int device;            /* the compute backend is "cuda": buffers are device pointers */
+    void* nccl;            /* CommNccl* when kind == COMM_NCCL */
+    CommScratch* pool;
+    int npool, cap;
+    int aborting;
+} CommImpl;
+
+/* One MPI-backend collective in flight (CommHandle.impl). */
+typedef struct {
+    CommOp op;
+    size_t count, slice;   /* slice = count / world */
+    DType dt;
+    int average;
+    void* buf;             /* the caller's buffer (device pointer when staged) */
+    void* host;            /* host view of the data: buf, or the pinned copy */
+    float* f32;            /* fp32 staging of a bf16 reduction, else NULL */
+    void* recv;            /* reduce-scatter result: slice elements of the reduce type */
+#ifdef USE_MPI
+    MPI_Request req;
+#endif
+} CommMpiReq;
+
+static CommImpl* comm_impl(Comm* c) { return (CommImpl*)c->impl; }
+
+const char* comm_kind_name(CommKind k) {
+    switch (k) {
+    case COMM_SINGLE: return "single";
+    case COMM_MPI: return "mpi";
+    case COMM_NCCL: return "nccl";
+    }
+    return "?";
+}
+
+const char* comm_op_name(CommOp op) {
+    switch (op) {
+    case COMM_OP_ALLREDUCE: return "all-reduce";
+    case COMM_OP_REDUCE_SCATTER: return "reduce-scatter";
+    case COMM_OP_ALLGATHER: return "all-gather";
+    }
+    return "?";
+}
+
+void comm_sleep_us(int us) {
+    struct timespec ts = {us / 1000000, (long)(us % 1000000) * 1000L};
+    nanosleep(&ts, NULL);
+}
+
+/* ------------------------------------------------------------------ abort */
+
+void comm_abort(Comm* c, const char* msg) {
+    CommImpl* m = c ? comm_impl(c) : NULL;
+    if (!m || !m->aborting) fprintf(stderr, "error: %s\n", msg);
+    if (m) m->aborting = 1;
+    fflush(stderr);
+    fflush(stdout);
+#ifdef USE_MPI
+    if (c && c->world > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+#endif
+    exit(1);
+}
+
+void comm_abortf(Comm* c, const char* fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    comm_abort(c, msg);
+}
+
+/* fatal() prints its line, then calls this: end the other ranks too. With
+ * world 1 it returns and fatal() exits 1. */
+static void comm_fatal_hook(void* ctx) {
+    Comm* c = (Comm*)ctx;
+    CommImpl* m = comm_impl(c);
+    if (m) m->aborting = 1;
+#ifdef USE_MPI
+    if (c->world > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+#endif
+}
+
+/* -------------------------------------------------------------- bootstrap */
+
+#ifdef USE_MPI
+static void comm_mpi_check(Comm* c, int rc, const char* what) {
+    if (rc == MPI_SUCCESS) return;
+    char s[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(rc, s, &len) != MPI_SUCCESS) snprintf(s, sizeof s, "MPI error %d", rc);
+    comm_abortf(c, "%s failed: %s", what, s);
+}
+
+/* Poll r until it completes or c->timeout_s passes; then end every rank,
+ * naming what stalled. */
+static void comm_mpi_wait_req(Comm* c, MPI_Request* r, const char* what) {
+    double t0 = wall_time_s();
+    for (;;) {
+        int done = 0;
+        comm_mpi_check(c, MPI_Test(r, &done, MPI_STATUS_IGNORE), what);
+        if (done) return;
+        if (wall_time_s() - t0 > c->timeout_s)
+            comm_abortf(c, "%s did not complete within %g s: a peer rank died or stalled", what,
+                        c->timeout_s);
+        comm_sleep_us(50);
+    }
+}
+#endif
+
+void comm_bootstrap(Comm* c, int* argc, char*** argv) {
+    memset(c, 0, sizeof *c);
+    c->rank = 0;
+    c->world = 1;
+    c->local_rank = 0;
+    c->local_world = 1;
+    c->kind = COMM_SINGLE;
+    c->timeout_s = 300.0;
+    c->be = NULL;
+    CommImpl* m = (CommImpl*)xcalloc(1, sizeof(CommImpl));
+    c->impl = m;
+    setvbuf(stdout, NULL, _IOLBF, 0);
+#ifdef USE_MPI
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited) {
+        int provided = 0;
+        if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+            fatal("MPI_Init_thread failed: cannot start MPI");
+        m->mpi_owned = 1;
+    }
+    MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &c->world);
+    /* from here a fatal() on any rank ends every rank */
+    util_set_fatal_hook(comm_fatal_hook, c);
+    comm_mpi_check(c, MPI_Comm_dup(MPI_COMM_WORLD, &m->mpi), "MPI_Comm_dup");
+    /* errors come back as codes so that they get our message and MPI_Abort */
+    comm_mpi_check(c, MPI_Comm_set_errhandler(m->mpi, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    MPI_Comm local;
+    comm_mpi_check(c, MPI_Comm_split_type(m->mpi, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &local),
+                   "MPI_Comm_split_type");
+    MPI_Comm_rank(local, &c->local_rank);
+    MPI_Comm_size(local, &c->local_world);
+    MPI_Comm_free(&local);
+#else
+    (void)argc;
+    (void)argv;
+    util_set_fatal_hook(comm_fatal_hook, c);
+#endif
+}
+
+/* ----------------------------------------------------------- scratch pool */
+
+#ifdef USE_MPI
+/* A free pool buffer of at least `bytes` (the smallest that fits), or a new one. */
+static void* comm_scratch_get(Comm* c, size_t bytes, int pinned) {
+    CommImpl* m = comm_impl(c);
+    if (bytes == 0) bytes = 1;
+    int best = -1;
+    for (int i = 0; i < m->npool; i++) {
+        CommScratch* s = &m->pool[i];
+        if (s->in_use || s->pinned != pinned || s->bytes < bytes) continue;
+        if (best < 0 || s->bytes < m->pool[best].bytes) best = i;
+    }
+    if (best >= 0) {
+        m->pool[best].in_use = 1;
+        return m->pool[best].p;
+    }
+    if (m->npool == m->cap) {
+        m->cap = m->cap ? 2 * m->cap : 8;
+        CommScratch* np = (CommScratch*)realloc(m->pool, (size_t)m->cap * sizeof(CommScratch));
+        if (!np) fatal("out of host memory growing the communicator's scratch pool");
+        m->pool = np;
+    }
+    CommScratch* s = &m->pool[m->npool++];
+    memset(s, 0, sizeof *s);
+    s->bytes = bytes;
+    s->pinned = pinned;
+    s->in_use = 1;
+    if (pinned) {
+#ifdef USE_CUDA
+        s->p = comm_cuda_host_alloc(c, bytes);
+#else
+        fatal("comm: pinned staging requested in a build without CUDA");
+#endif
+    } else if (!m->device && c->be && c->be->alloc) {
+        s->p = c->be->alloc(c->be, bytes, MEM_COMM);
+        s->tracked = 1;
+    } else {
+        s->p = xmalloc(bytes);
+    }
+    return s->p;
+}
+
+static void comm_scratch_put(Comm* c, void* p) {
+    if (!p) return;
+    CommImpl* m = comm_impl(c);
+    for (int i = 0; i < m->npool; i++)
+        if (m->pool[i].p == p) {
+            m->pool[i].in_use = 0;
+            return;
+        }
+}
+#endif
+
+static void comm_scratch_free_all(Comm* c) {
+    CommImpl* m = comm_impl(c);
+    for (int i = 0; i < m->npool; i++) {
+        CommScratch* s = &m->pool[i];
+        if (s->pinned) {
+#ifdef USE_CUDA
+            comm_cuda_host_free(s->p);
+#endif
+        } else if (s->tracked) {
+            c->be->release(c->be, s->p, s->bytes, MEM_COMM);
+        } else {
+            free(s->p);
+        }
+    }
+    free(m->pool);
+    m->pool = NULL;
+    m->npool = m->cap = 0;
+}
+
+/* ------------------------------------------------------------------ setup */
+
+void comm_setup(Comm* c, const char* want, Backend* be, double timeout_s) {
+    CommImpl* m = comm_impl(c);
+    if (!want) want = "auto";
+    int w_auto = strcmp(want, "auto") == 0, w_nccl = strcmp(want, "nccl") == 0,
+        w_mpi = strcmp(want, "mpi") == 0;
+    if (!w_auto && !w_nccl && !w_mpi)
+        fatal("--comm: unknown value '%s' (expected auto, nccl or mpi)", want);
+    if (timeout_s > 0) c->timeout_s = timeout_s;
+    c->be = be;
+    int is_cuda = be && be->name && strcmp(be->name, "cuda") == 0;
+    m->device = is_cuda;
+#ifdef USE_CUDA
+    int ngpu = is_cuda ? comm_cuda_device_count() : 0;
+#endif
+
+    CommKind kind = COMM_SINGLE;
+    if (w_nccl) {
+        if (!is_cuda) fatal("--comm nccl needs --device cuda (this run is on the CPU)");
+#ifdef USE_CUDA
+        if (c->local_world > ngpu)
+            fatal("--comm nccl: %d ranks share %d GPU(s) on this host; NCCL refuses two ranks on one GPU: use --comm mpi",
+                  c->local_world, ngpu);
+        kind = COMM_NCCL;
+#else
+        fatal("--comm nccl: this binary was built without CUDA/NCCL; rebuild with nvcc on the PATH");
+#endif
+    } else if (w_mpi) {
+#ifdef USE_MPI
+        kind = COMM_MPI;
+#else
+        if (c->world > 1) fatal("--comm mpi: this binary was built without MPI; rebuild with mpicc");
+        kind = COMM_SINGLE; /* one process without MPI: the same thing */
+#endif
+    } else if (c->world == 1) {
+        kind = COMM_SINGLE;
+    } else {
+        kind = COMM_MPI;
+#ifdef USE_CUDA
+        if (is_cuda && c->local_world <= ngpu) kind = COMM_NCCL;
+#endif
+    }
+
+    /* Every rank must have chosen the same backend (GPU counts can differ
+     * between hosts). */
+    int hi = comm_allreduce_host_max_int(c, (int)kind);
+    int lo = -comm_allreduce_host_max_int(c, -(int)kind);
+    if (hi != lo)
+        fatal("--comm %s: the ranks chose different collective backends (%s on some, %s on others); pass --comm mpi",
+              want, comm_kind_name((CommKind)lo), comm_kind_name((CommKind)hi));
+
+#ifdef USE_CUDA
+    if (m->nccl) {
+        comm_nccl_destroy(c, (CommNccl*)m->nccl);
+        m->nccl = NULL;
+    }
+#endif
+    c->kind = kind;
+#ifdef USE_CUDA
+    if (kind == COMM_NCCL) m->nccl = comm_nccl_create(c);
+#endif
+}
+
+/* ------------------------------------------------------------ collectives */
+
+static void comm_check_args(Comm* c, CommOp op, void* buf, size_t count, CommHandle* h) {
+    if (!h) fatal("comm %s: NULL handle", comm_op_name(op));
+    if (count > 0 && !buf) fatal("comm %s: NULL buffer of %zu elements", comm_op_name(op), count);
+    if (op != COMM_OP_ALLREDUCE && count % (size_t)c->world != 0)
+        fatal("comm %s: count %zu does not divide by the world size %d", comm_op_name(op), count,
+              c->world);
+}
+
+#ifdef USE_MPI
+static void comm_mpi_start(Comm* c, CommOp op, void* buf, size_t count, DType dt, int average,
+                           CommHandle* h) {
+    CommImpl* m = comm_impl(c);
+    size_t slice = count / (size_t)c->world;
+    size_t mpicount = op == COMM_OP_ALLREDUCE ? count : slice;
+    if (mpicount > (size_t)INT_MAX)
+        fatal("comm %s (mpi): %zu elements exceed MPI's int count limit (%d) for one collective; use smaller buckets",
+              comm_op_name(op), mpicount, INT_MAX);
+    CommMpiReq* r = (CommMpiReq*)xcalloc(1, sizeof *r);
+    r->op = op;
+    r->count = count;
+    r->slice = slice;
+    r->dt = dt;
+    r->average = average;
+    r->buf = buf;
+
+    if (m->device) {
+#ifdef USE_CUDA
+        size_t es = dtype_size(dt);
+        size_t own_off = (size_t)c->rank * slice * es; /* byte offset of this rank's slice */
+        r->host = comm_scratch_get(c, count * es, 1);
+        if (op == COMM_OP_ALLGATHER) /* only this rank's slice is input */
+            comm_cuda_to_host(c, (char*)r->host + own_off, (const char*)buf + own_off, slice * es);
+        else
+            comm_cuda_to_host(c, r->host, buf, count * es);
+#else
+        fatal("comm: a device backend in a build without CUDA");
+#endif
+    } else {
+        r->host = buf;
+    }
+
+    char what[128];
+    snprintf(what, sizeof what, "MPI %s launch", comm_op_name(op));
+    if (op == COMM_OP_ALLGATHER) {
+        MPI_Datatype t = dt == DTYPE_BF16 ? MPI_UINT16_T : MPI_FLOAT;
+        comm_mpi_check(c, MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, r->host, (int)slice, t,
+                                         m->mpi, &r->req), what);
+    } else {
+        /* reductions in fp32: widen bf16 first */
+        float* red = (float*)r->host;
+        if (dt == DTYPE_BF16) {
+            r->f32 = (float*)comm_scratch_get(c, count * sizeof(float), 0);
+            const uint16_t* src = (const uint16_t*)r->host;
+            for (size_t i = 0; i < count; i++) r->f32[i] = bf16_to_f32(src[i]);
+            red = r->f32;
+        }
+        if (op == COMM_OP_ALLREDUCE) {
+            comm_mpi_check(c, MPI_Iallreduce(MPI_IN_PLACE, red, (int)count, MPI_FLOAT, MPI_SUM, m->mpi,
+                                             &r->req), what);
+        } else {
+            r->recv = comm_scratch_get(c, slice * sizeof(float), 0);
+            comm_mpi_check(c, MPI_Ireduce_scatter_block(red, r->recv, (int)slice, MPI_FLOAT, MPI_SUM,
+                                                        m->mpi, &r->req), what);
+        }
+    }
+    h->impl = r;
+}
+
+static void comm_mpi_finish(Comm* c, CommHandle* h) {
+    CommImpl* m = comm_impl(c);
+    CommMpiReq* r = (CommMpiReq*)h->impl;
+    size_t es = dtype_size(r->dt);
+    size_t own_off = (size_t)c->rank * r->slice * es;
+    char what[128];
+    snprintf(what, sizeof what, "%s of %zu elements", comm_op_name(r->op), r->count);
+    comm_mpi_wait_req(c, &r->req, what);
+
+    if (r->op != COMM_OP_ALLGATHER) {
+        /* the reduced fp32 values, where they are, and where they go */
+        float* res;
+        size_t n;
+        void* dst;
+        if (r->op == COMM_OP_ALLREDUCE) {
+            res = r->dt == DTYPE_BF16 ? r->f32 : (float*)r->host;
+            n = r->count;
+            dst = r->host;
+        } else {
+            res = (float*)r->recv;
+            n = r->slice;
+            dst = (char*)r->host + own_off;
+        }
+        if (r->average && c->world > 1) {
+            float s = 1.0f / (float)c->world;
+            for (size_t i = 0; i < n; i++) res[i] *= s;
+        }
+        if (r->dt == DTYPE_BF16) {
+            uint16_t* d = (uint16_t*)dst;
+            for (size_t i = 0; i < n; i++) d[i] = f32_to_bf16(res[i]);
+        } else if ((void*)res != dst) {
+            memcpy(dst, res, n * sizeof(float));
+        }
+    }
+
+    if (m->device) {
+#ifdef USE_CUDA
+        if (r->op == COMM_OP_REDUCE_SCATTER)
+            comm_cuda_to_device(c, (char*)r->buf + own_off, (const char*)r->host + own_off, r->slice * es);
+        else
+            comm_cuda_to_device(c, r->buf, r->host, r->count * es);
+        comm_scratch_put(c, r->host);
+#endif
+    }
+    comm_scratch_put(c, r->f32);
+    comm_scratch_put(c, r->recv);
+    free(r);
+    h->impl = NULL;
+}
+#endif
+
+static void comm_start(Comm* c, CommOp op, void* buf, size_t count, DType dt, int average,
+                       CommHandle* h) {
+    comm_check_args(c, op, buf, count, h);
+    h->active = 1;
+    h->impl = NULL;
+    if (count == 0 || c->kind == COMM_SINGLE) return; /* done already; average over 1 rank = identity */
+#ifdef USE_CUDA
+    if (c->kind == COMM_NCCL) {
+        comm_nccl_start(c, (CommNccl*)comm_impl(c)->nccl, op, buf, count, dt, average, h);
+        return;
+    }
+#endif
+#ifdef USE_MPI
+    if (c->kind == COMM_MPI) {
+        comm_mpi_start(c, op, buf, count, dt, average, h);
+        return;
+    }
+#endif
+    (void)dt;
+    (void)average;
+    fatal("comm %s: backend %s is not available in this build", comm_op_name(op), comm_kind_name(c->kind));
+}
+
+void comm_allreduce(Comm* c, void* buf, size_t count, DType dt, int average, CommHandle* h) {
+    comm_start(c, COMM_OP_ALLREDUCE, buf, count, dt, average, h);
+}
+
+void comm_reduce_scatter(Comm* c, void* buf, size_t count, DType dt, int average, CommHandle* h) {
+    comm_start(c, COMM_OP_REDUCE_SCATTER, buf, count, dt, average, h);
+}
+
+void comm_allgather(Comm* c, void* buf, size_t count, DType dt, CommHandle* h) {
+    comm_start(c, COMM_OP_ALLGATHER, buf, count, dt, 0, h);
+}
+
+void comm_wait(Comm* c, CommHandle* h) {
+    (void)c;
+    if (!h || !h->active) return;
+    if (h->impl) {
+#ifdef USE_CUDA
+        if (c->kind == COMM_NCCL) comm_nccl_wait(c, (CommNccl*)comm_impl(c)->nccl, h);
+#endif
+#ifdef USE_MPI
+        if (c->kind == COMM_MPI) comm_mpi_finish(c, h);
+#endif
+    }
+    h->active = 0;
+    h->impl = NULL;
+}
+
+/* ----------------------------------------------------------- host helpers */
+
+void comm_allreduce_host_sum(Comm* c, double* vals, int n) {
+    if (c->world == 1 || n <= 0) return;
+#ifdef USE_MPI
+    MPI_Request r;
+    char what[96];
+    snprintf(what, sizeof what, "host all-reduce (sum) of %d values", n);
+    comm_mpi_check(c, MPI_Iallreduce(MPI_IN_PLACE, vals, n, MPI_DOUBLE, MPI_SUM, comm_impl(c)->mpi, &r),
+                   what);
+    comm_mpi_wait_req(c, &r, what);
+#else
+    (void)vals;
+#endif
+}
+
+int comm_allreduce_host_max_int(Comm* c, int v) {
+    if (c->world == 1) return v;
+#ifdef USE_MPI
+    MPI_Request r;
+    const char* what = "host all-reduce (max) of 1 int";
+    comm_mpi_check(c, MPI_Iallreduce(MPI_IN_PLACE, &v, 1, MPI_INT, MPI_MAX, comm_impl(c)->mpi, &r), what);
+    comm_mpi_wait_req(c, &r, what);
+#endif
+    return v;
+}
+
+void comm_barrier(Comm* c) {
+    if (c->world == 1) return;
+#ifdef USE_MPI
+    MPI_Request r;
+    comm_mpi_check(c, MPI_Ibarrier(comm_impl(c)->mpi, &r), "barrier");
+    comm_mpi_wait_req(c, &r, "barrier");
+#endif
+}
+
+void comm_broadcast_host(Comm* c, void* buf, size_t bytes) {
+    if (c->world == 1 || bytes == 0) return;
+#ifdef USE_MPI
+    const size_t chunk = (size_t)1 << 30;
+    char what[96];
+    snprintf(what, sizeof what, "host broadcast of %zu bytes", bytes);
+    for (size_t off = 0; off < bytes; off += chunk) {
+        size_t n = bytes - off < chunk ? bytes - off : chunk;
+        MPI_Request r;
+        comm_mpi_check(c, MPI_Ibcast((char*)buf + off, (int)n, MPI_BYTE, 0, comm_impl(c)->mpi, &r), what);
+        comm_mpi_wait_req(c, &r, what);
+    }
+#else
+    (void)buf;
+#endif
+}
+
+/* --------------------------------------------------------------- finalize */
+
+void comm_finalize(Comm* c) {
+    CommImpl* m = comm_impl(c);
+    if (!m) return;
+#ifdef USE_CUDA
+    if (m->nccl) comm_nccl_destroy(c, (CommNccl*)m->nccl);
+    m->nccl = NULL;
+#endif
+    comm_scratch_free_all(c);
+    util_set_fatal_hook(NULL, NULL);
+#ifdef USE_MPI
+    MPI_Comm_free(&m->mpi);
+    if (m->mpi_owned) {
+        int finalized = 0;
+        MPI_Finalized(&finalized);
+        if (!finalized) MPI_Finalize();
+    }
+#endif
+    free(m);
+    c->impl = NULL;
+    c->kind = COMM_SINGLE;
+}

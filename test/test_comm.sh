@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# test/test_comm.sh — runs test_comm (the communicator's tests) under mpirun
+# for several world sizes, then the error and fault cases: every rank must end,
+# non-zero and promptly, with a clear message, and mpirun must never hang.
+#
+#   bash test/test_comm.sh [path/to/test_comm]      (default: build/test_comm)
+#
+# Prints one line per case and ends with "test_comm: N passed, N failed".
+set -u
+BIN=${1:-build/test_comm}
+MPIRUN=${MPIRUN:-mpirun --allow-run-as-root --oversubscribe}
+LOG=$(mktemp -d /tmp/test_comm.XXXXXX)
+trap 'rm -rf "$LOG"' EXIT
+pass=0
+fail=0
+
+if [ ! -x "$BIN" ]; then
+    echo "test_comm.sh: $BIN not found or not executable (build it first)"
+    echo "test_comm: 0 passed, 1 failed"
+    exit 1
+fi
+
+now_ms() { date +%s%3N; }
+
+ok() { echo "ok    $1"; pass=$((pass + 1)); }
+bad() {
+    echo "FAIL  $1"
+    echo "----- last lines of its output:"
+    tail -n 15 "$2" | sed 's/^/    /'
+    fail=$((fail + 1))
+}
+
+# run NAME LIMIT_S CMD...: runs CMD under `timeout LIMIT_S`, output in $LOG/NAME;
+# sets RC and MS (elapsed milliseconds).
+run() {
+    local name=$1 limit=$2
+    shift 2
+    local t0
+    t0=$(now_ms)
+    timeout "$limit" "$@" >"$LOG/$name" 2>&1
+    RC=$?
+    MS=$(($(now_ms) - t0))
+}
+
+# expect_pass NAME CMD...: exit 0 and a "0 failed" summary line.
+expect_pass() {
+    local name=$1
+    shift
+    run "$name" 120 "$@"
+    if [ "$RC" -eq 0 ] && grep -q "passed, 0 failed" "$LOG/$name"; then
+        ok "$name ($(grep 'passed, 0 failed' "$LOG/$name" | tail -n 1 | sed 's/.*: //'), ${MS} ms)"
+    else
+        bad "$name (exit $RC)" "$LOG/$name"
+    fi
+}
+
+# expect_fail NAME MAX_MS PATTERN CMD...: ends non-zero (not by our 60 s
+# timeout) within MAX_MS, and the output contains PATTERN.
+expect_fail() {
+    local name=$1 maxms=$2 pattern=$3
+    shift 3
+    run "$name" 60 "$@"
+    if [ "$RC" -eq 124 ] || [ "$RC" -eq 137 -a "$MS" -ge 59000 ]; then
+        bad "$name: still running after 60 s (hang)" "$LOG/$name"
+    elif [ "$RC" -eq 0 ]; then
+        bad "$name: exit status 0, want non-zero" "$LOG/$name"
+    elif [ "$MS" -gt "$maxms" ]; then
+        bad "$name: took ${MS} ms, want <= ${maxms} ms" "$LOG/$name"
+    elif ! grep -q -- "$pattern" "$LOG/$name"; then
+        bad "$name: no '$pattern' in the output" "$LOG/$name"
+    else
+        ok "$name (exit $RC after ${MS} ms: $(grep -m 1 -- "$pattern" "$LOG/$name" | cut -c1-110))"
+    fi
+}
+
+# ---- correctness at several world sizes
+for np in 1 2 3 4; do
+    expect_pass "np=$np --comm auto" $MPIRUN -np $np "$BIN"
+done
+expect_pass "np=1 --comm mpi (MPI backend at world 1)" $MPIRUN -np 1 "$BIN" --comm mpi
+expect_pass "np=3 --comm mpi" $MPIRUN -np 3 "$BIN" --comm mpi
+expect_pass "singleton (no mpirun)" "$BIN"
+
+# ---- user errors: fatal on every rank, clear message, no hang
+expect_fail "np=2 reduce-scatter count not divisible" 15000 "does not divide by the world size 2" \
+    $MPIRUN -np 2 "$BIN" --case bad_count
+expect_fail "np=2 --comm xyz" 15000 "--comm: unknown value 'xyz' (expected auto, nccl or mpi)" \
+    $MPIRUN -np 2 "$BIN" --comm xyz
+expect_fail "np=2 --comm nccl on the CPU" 15000 "--comm nccl needs --device cuda" \
+    $MPIRUN -np 2 "$BIN" --comm nccl
+
+# ---- faults
+# (a) a rank stalls before a collective: the others time out after 3 s and abort all
+expect_fail "np=3 rank 2 stalls, --timeout 3" 15000 "did not complete within 3 s: a peer rank died or stalled" \
+    $MPIRUN -np 3 "$BIN" --fault sleep --fault_rank 2 --timeout 3
+if [ "$RC" -ne 0 ] && [ "$MS" -lt 3000 ]; then
+    bad "np=3 rank 2 stalls: ended after ${MS} ms, before the 3 s timeout could fire" "$LOG/np=3 rank 2 stalls, --timeout 3"
+fi
+# (b) a rank calls fatal() mid-run: every rank ends within a few seconds (the
+# timeout is 60 s, so it is MPI_Abort from the fatal hook that ends them)
+expect_fail "np=3 rank 1 calls fatal()" 10000 "injected fatal error on rank 1" \
+    $MPIRUN -np 3 "$BIN" --fault fatal --fault_rank 1 --timeout 60
+# (c) a rank dies by SIGKILL: mpirun ends the job, at the latest through our timeout
+expect_fail "np=3 rank 0 killed by SIGKILL, --timeout 10" 20000 "" \
+    $MPIRUN -np 3 "$BIN" --fault kill --fault_rank 0 --timeout 10
+
+echo "test_comm: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
