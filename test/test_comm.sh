@@ -3,11 +3,17 @@
 # for several world sizes, then the error and fault cases: every rank must end,
 # non-zero and promptly, with a clear message, and mpirun must never hang.
 #
-#   bash test/test_comm.sh [path/to/test_comm]      (default: build/test_comm)
+#   bash test/test_comm.sh [path/to/test_comm] [--gpu]   (default: build/test_comm)
+#
+# With --gpu (a binary built with CUDA, on a machine with a GPU) it also runs
+# the device cases: NCCL, the MPI backend staging device buffers through
+# pinned memory (several ranks on one GPU), and the GPU-sharing error.
 #
 # Prints one line per case and ends with "test_comm: N passed, N failed".
 set -u
 BIN=${1:-build/test_comm}
+GPU=0
+[ "${2:-}" = "--gpu" ] && GPU=1
 MPIRUN=${MPIRUN:-mpirun --allow-run-as-root --oversubscribe}
 LOG=$(mktemp -d /tmp/test_comm.XXXXXX)
 trap 'rm -rf "$LOG"' EXIT
@@ -103,6 +109,25 @@ expect_fail "np=3 rank 1 calls fatal()" 10000 "injected fatal error on rank 1" \
 # (c) a rank dies by SIGKILL: mpirun ends the job, at the latest through our timeout
 expect_fail "np=3 rank 0 killed by SIGKILL, --timeout 10" 20000 "" \
     $MPIRUN -np 3 "$BIN" --fault kill --fault_rank 0 --timeout 10
+
+# ---- device cases
+if [ "$GPU" -eq 1 ]; then
+    NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+    expect_pass "cuda np=1 --comm nccl" $MPIRUN -np 1 "$BIN" --device cuda --comm nccl
+    expect_pass "cuda np=1 --comm auto (single)" $MPIRUN -np 1 "$BIN" --device cuda
+    expect_pass "cuda np=3 --comm mpi (staged, ranks share GPUs)" $MPIRUN -np 3 "$BIN" --device cuda --comm mpi
+    expect_pass "cuda np=2 --comm auto" $MPIRUN -np 2 "$BIN" --device cuda
+    if [ "$NGPU" -ge 2 ]; then
+        expect_pass "cuda np=2 --comm nccl" $MPIRUN -np 2 "$BIN" --device cuda --comm nccl
+        expect_fail "cuda np=2 nccl, rank 1 stalls, --timeout 3" 20000 "did not complete within 3 s" \
+            $MPIRUN -np 2 "$BIN" --device cuda --comm nccl --fault sleep --fault_rank 1 --timeout 3
+    fi
+    np=$((NGPU + 1))
+    expect_fail "cuda np=$np --comm nccl on $NGPU GPU(s)" 20000 "share $NGPU GPU(s) on this host" \
+        $MPIRUN -np $np "$BIN" --device cuda --comm nccl
+    expect_fail "cuda np=2 staged mpi, rank 1 stalls, --timeout 3" 20000 "did not complete within 3 s" \
+        $MPIRUN -np 2 "$BIN" --device cuda --comm mpi --fault sleep --fault_rank 1 --timeout 3
+fi
 
 echo "test_comm: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
