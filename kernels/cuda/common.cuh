@@ -1,0 +1,213 @@
+/* kernels/cuda/common.cuh — what every CUDA kernel file of the backend shares:
+ * the checked-call macros, the backend's private context (CudaCtx), the
+ * scratch allocator, element conversions between X types (float, bf16) and
+ * fp32, 16-byte vector loads, warp reductions, and the prototypes of the
+ * per-concept entry points that backend.cu puts into the Backend table. */
+#ifndef KERNELS_CUDA_COMMON_CUH
+#define KERNELS_CUDA_COMMON_CUH
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cublasLt.h>
+#include <stdint.h>
+#include <type_traits>
+
+extern "C" {
+#include "../kernels.h"
+}
+
+typedef __nv_bfloat16 bf16;
+
+/* ---- checked calls: fatal() with file, line and the error string ---- */
+#define CUDA_CHECK(call)                                                                   \
+    do {                                                                                   \
+        cudaError_t e_ = (call);                                                           \
+        if (e_ != cudaSuccess)                                                             \
+            fatal("%s:%d: CUDA error: %s (%s)", __FILE__, __LINE__, cudaGetErrorString(e_), \
+                  #call);                                                                  \
+    } while (0)
+#define CUBLAS_CHECK(call)                                                                   \
+    do {                                                                                     \
+        cublasStatus_t s_ = (call);                                                          \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                                     \
+            fatal("%s:%d: cuBLASLt error: %s (%s)", __FILE__, __LINE__,                      \
+                  cublasLtGetStatusString(s_), #call);                                       \
+    } while (0)
+/* after every kernel launch */
+#define LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
+
+/* one cached cuBLASLt configuration (matmul.cu) */
+struct LtPlan;
+
+/* The backend's private state, be->ctx. */
+struct CudaCtx {
+    int device;
+    int num_sms;
+    int allow_tf32;
+    cudaStream_t stream;       /* compute */
+    cudaStream_t comm_stream;  /* communicator */
+    /* driver's view of memory for peak_reserved: device bytes in use when the
+     * backend was created (context, other processes) and the peak since. */
+    size_t base_used;
+    size_t peak_used;
+    /* cuBLASLt */
+    cublasLtHandle_t lt;
+    void* lt_workspace;
+    size_t lt_workspace_bytes;
+    LtPlan* plans;  /* linked list of cached (shape -> descriptors + algorithm) */
+    /* one scratch buffer reused by the kernels that need temporary memory
+     * (only the compute stream touches it, so successive users are ordered) */
+    void* scratch;
+    size_t scratch_bytes;
+    /* optimizer piece table: cached host copy, device chunk table */
+    OptPiece* host_pieces;
+    int host_npieces;
+    void* dev_chunks;
+    size_t dev_chunks_bytes;
+    int nchunks;
+    double* dev_sumsq;      /* partial sums [nchunks] + result */
+    size_t dev_sumsq_bytes;
+};
+
+static inline CudaCtx* cuda_ctx(Backend* be) { return (CudaCtx*)be->ctx; }
+
+/* ---- helpers implemented in backend.cu ---- */
+void* cuda_scratch(Backend* be, size_t bytes);   /* at least bytes, valid until the next call */
+void* cuda_alloc_tracked(Backend* be, size_t bytes, MemCategory cat);
+void cuda_release_tracked(Backend* be, void* p, size_t bytes, MemCategory cat);
+
+/* ---- element conversions ---- */
+template <typename T> __device__ __forceinline__ float to_f(T x);
+template <> __device__ __forceinline__ float to_f<float>(float x) { return x; }
+template <> __device__ __forceinline__ float to_f<bf16>(bf16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T from_f(float x);
+template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <> __device__ __forceinline__ bf16 from_f<bf16>(float x) { return __float2bfloat16_rn(x); }
+
+/* elements of T in 16 bytes */
+template <typename T> struct Vec16 { static constexpr int N = 16 / (int)sizeof(T); };
+
+/* load / store V elements (V*sizeof(T) == 16: one 16-byte access; else scalars) */
+template <int V, typename T>
+__device__ __forceinline__ void load_vec(float* dst, const T* src) {
+    if constexpr (V * sizeof(T) == 16) {
+        int4 raw = *reinterpret_cast<const int4*>(src);
+        const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+        for (int i = 0; i < V; i++) dst[i] = to_f<T>(e[i]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < V; i++) dst[i] = to_f<T>(src[i]);
+    }
+}
+/* streaming variant for data read once */
+template <int V, typename T>
+__device__ __forceinline__ void load_vec_cs(float* dst, const T* src) {
+    if constexpr (V * sizeof(T) == 16) {
+        int4 raw = __ldcs(reinterpret_cast<const int4*>(src));
+        const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+        for (int i = 0; i < V; i++) dst[i] = to_f<T>(e[i]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < V; i++) dst[i] = to_f<T>(src[i]);
+    }
+}
+template <int V, typename T>
+__device__ __forceinline__ void store_vec(T* dst, const float* src) {
+    if constexpr (V * sizeof(T) == 16) {
+        int4 raw;
+        T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+        for (int i = 0; i < V; i++) e[i] = from_f<T>(src[i]);
+        *reinterpret_cast<int4*>(dst) = raw;
+    } else {
+#pragma unroll
+        for (int i = 0; i < V; i++) dst[i] = from_f<T>(src[i]);
+    }
+}
+
+static inline bool aligned16(const void* p) { return ((uintptr_t)p & 15u) == 0; }
+
+/* ---- warp reductions (fixed butterfly order: deterministic) ---- */
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ double warp_sum_d(double v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+static inline unsigned cdiv(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }
+
+/* Row kernels keep a row in registers: lane l of a warp owns the V-element
+ * vectors (j*32 + l) for j < NCH. dispatch_nch calls f with the smallest NCH
+ * from a fixed set that covers C; f returns false when NCH*V is too large for
+ * registers (more than 64 floats a lane), and so does dispatch_nch. */
+template <int V, typename F>
+static bool dispatch_nch(int C, F&& f) {
+    int need = (C + 32 * V - 1) / (32 * V);
+    if (need <= 1) return f(std::integral_constant<int, 1>{});
+    if (need <= 2) return f(std::integral_constant<int, 2>{});
+    if (need <= 3) return f(std::integral_constant<int, 3>{});
+    if (need <= 4) return f(std::integral_constant<int, 4>{});
+    if (need <= 8) return f(std::integral_constant<int, 8>{});
+    if (need <= 16) return f(std::integral_constant<int, 16>{});
+    if (need <= 32) return f(std::integral_constant<int, 32>{});
+    if (need <= 64) return f(std::integral_constant<int, 64>{});
+    return false;
+}
+
+/* ---- per-concept entry points (each .cu defines its own) ---- */
+/* misc.cu */
+void cuda_x_to_f32(Backend* be, float* dst, const void* src, size_t n);
+void cuda_f32_to_x(Backend* be, void* dst, const float* src, size_t n);
+void cuda_residual_forward(Backend* be, void* out, const void* inp1, const void* inp2, size_t n);
+void cuda_gelu_forward(Backend* be, void* out, const void* inp, size_t n);
+void cuda_gelu_backward(Backend* be, void* dinp, const void* inp, const void* dout, size_t n);
+/* encoder.cu */
+void cuda_encoder_forward(Backend* be, void* out, const int* inp, const void* wte, const void* wpe,
+                          int B, int T, int C);
+void cuda_encoder_backward(Backend* be, void* dwte, void* dwpe, const void* dout, const int* inp,
+                           int B, int T, int C);
+/* layernorm.cu */
+void cuda_layernorm_forward(Backend* be, void* out, float* mean, float* rstd, const void* inp,
+                            const void* w, const void* b, int N, int C);
+void cuda_residual_layernorm_forward(Backend* be, void* residual, void* out, float* mean,
+                                     float* rstd, const void* inp1, const void* inp2,
+                                     const void* w, const void* b, int N, int C);
+void cuda_layernorm_backward(Backend* be, void* dinp, void* dw, void* db, const void* dout,
+                             const void* inp, const void* w, const float* mean, const float* rstd,
+                             int N, int C);
+/* matmul.cu */
+void cuda_matmul_init(Backend* be);
+void cuda_matmul_destroy(Backend* be);
+void cuda_matmul_forward(Backend* be, void* out, void* pre_gelu, const void* inp, const void* w,
+                         const void* bias, int N, int C, int OC);
+void cuda_matmul_backward(Backend* be, void* dinp, void* dw, void* dbias, const void* dout,
+                          const void* inp, const void* w, const void* pre_gelu, int N, int C,
+                          int OC);
+/* attention.cu */
+void cuda_attention_init(Backend* be);
+void cuda_attention_forward(Backend* be, void* out, float* lse, const void* qkv, int B, int T,
+                            int C, int NH);
+void cuda_attention_backward(Backend* be, void* dqkv, const void* dout, const void* qkv,
+                             const void* out, const float* lse, int B, int T, int C, int NH);
+/* classifier.cu */
+void cuda_fused_classifier(Backend* be, void* logits, float* losses, const int* targets,
+                           float dloss, int N, int V, int Vp);
+/* adamw.cu */
+double cuda_grad_sumsq(Backend* be, const void* grads, const OptPiece* pieces, int npieces);
+void cuda_adamw(Backend* be, void* params, const void* grads, float* master, float* m, float* v,
+                const OptPiece* pieces, int npieces, const AdamWArgs* a);
+void cuda_adamw_destroy(Backend* be);
+
+#endif

@@ -1,0 +1,293 @@
+/* kernels/cuda/layernorm.cu — layernorm forward, the fused residual add +
+ * layernorm forward, and layernorm backward.
+ *
+ * One warp per row; the row stays in registers (dispatch_nch in common.cuh),
+ * so each input is read once. Statistics in fp32; eps = 1e-5; rstd =
+ * 1/sqrt(var + eps) with the biased variance, as the CPU reference.
+ *
+ * Backward: dinp += ...; dw, db accumulate deterministically: a fixed grid
+ * (occupancy-sized, the same on every run of a device) of blocks, each warp
+ * walking rows with a fixed stride and summing its dw/db terms in registers;
+ * the warps of a block are added in warp order into a per-block fp32 partial
+ * row; a second kernel sums the partials over blocks in a fixed order and
+ * adds the result into dw and db. */
+#include "common.cuh"
+
+#define LN_WARPS 8
+#define LN_EPS 1e-5f
+
+template <typename T, int V, int NCH, bool RESID>
+__global__ void __launch_bounds__(LN_WARPS * 32)
+    ln_fwd_kernel(T* out, float* mean, float* rstd, T* resid, const T* in1, const T* in2,
+                  const T* w, const T* b, int N, int C) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int row = blockIdx.x * LN_WARPS + warp;
+    if (row >= N) return;
+    size_t off = (size_t)row * C;
+    float x[NCH][V];
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NCH; j++) {
+        int c = (j * 32 + lane) * V;
+        if (c < C) {
+            load_vec_cs<V>(x[j], in1 + off + c);
+            if constexpr (RESID) {
+                float y[V];
+                load_vec_cs<V>(y, in2 + off + c);
+#pragma unroll
+                for (int k = 0; k < V; k++) x[j][k] = to_f<T>(from_f<T>(x[j][k] + y[k]));
+                store_vec<V>(resid + off + c, x[j]);
+            }
+#pragma unroll
+            for (int k = 0; k < V; k++) s += x[j][k];
+        } else {
+#pragma unroll
+            for (int k = 0; k < V; k++) x[j][k] = 0.0f;
+        }
+    }
+    float mu = warp_sum(s) / (float)C;
+    float s2 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NCH; j++) {
+        int c = (j * 32 + lane) * V;
+        if (c < C) {
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                float d = x[j][k] - mu;
+                s2 += d * d;
+            }
+        }
+    }
+    float var = warp_sum(s2) / (float)C;
+    float rs = 1.0f / sqrtf(var + LN_EPS);
+#pragma unroll
+    for (int j = 0; j < NCH; j++) {
+        int c = (j * 32 + lane) * V;
+        if (c < C) {
+            float wv[V], bv[V], o[V];
+            load_vec<V>(wv, w + c);
+            load_vec<V>(bv, b + c);
+#pragma unroll
+            for (int k = 0; k < V; k++) o[k] = (x[j][k] - mu) * rs * wv[k] + bv[k];
+            store_vec<V>(out + off + c, o);
+        }
+    }
+    if (lane == 0) {
+        mean[row] = mu;
+        rstd[row] = rs;
+    }
+}
+
+template <typename T, bool RESID>
+static void ln_fwd(cudaStream_t st, T* out, float* mean, float* rstd, T* resid, const T* in1,
+                   const T* in2, const T* w, const T* b, int N, int C) {
+    if (N == 0) return;
+    constexpr int VV = Vec16<T>::N;
+    bool vec = C % VV == 0 && aligned16(out) && aligned16(in1) && aligned16(w) && aligned16(b) &&
+               (!RESID || (aligned16(in2) && aligned16(resid)));
+    unsigned grid = cdiv(N, LN_WARPS);
+    bool ok;
+    if (vec) {
+        ok = dispatch_nch<VV>(C, [&](auto nch) {
+            constexpr int NCH = decltype(nch)::value;
+            if constexpr (NCH * VV <= 64) {
+                ln_fwd_kernel<T, VV, NCH, RESID><<<grid, LN_WARPS * 32, 0, st>>>(
+                    out, mean, rstd, resid, in1, in2, w, b, N, C);
+                return true;
+            } else {
+                return false;
+            }
+        });
+    } else {
+        ok = dispatch_nch<1>(C, [&](auto nch) {
+            constexpr int NCH = decltype(nch)::value;
+            ln_fwd_kernel<T, 1, NCH, RESID><<<grid, LN_WARPS * 32, 0, st>>>(
+                out, mean, rstd, resid, in1, in2, w, b, N, C);
+            return true;
+        });
+    }
+    if (!ok) fatal("layernorm: C=%d is larger than the CUDA backend supports (2048)", C);
+    LAUNCH_CHECK();
+}
+
+void cuda_layernorm_forward(Backend* be, void* out, float* mean, float* rstd, const void* inp,
+                            const void* w, const void* b, int N, int C) {
+    cudaStream_t st = cuda_ctx(be)->stream;
+    if (be->dtype == DTYPE_BF16)
+        ln_fwd<bf16, false>(st, (bf16*)out, mean, rstd, nullptr, (const bf16*)inp, nullptr,
+                            (const bf16*)w, (const bf16*)b, N, C);
+    else
+        ln_fwd<float, false>(st, (float*)out, mean, rstd, nullptr, (const float*)inp, nullptr,
+                             (const float*)w, (const float*)b, N, C);
+}
+
+void cuda_residual_layernorm_forward(Backend* be, void* residual, void* out, float* mean,
+                                     float* rstd, const void* inp1, const void* inp2,
+                                     const void* w, const void* b, int N, int C) {
+    cudaStream_t st = cuda_ctx(be)->stream;
+    if (be->dtype == DTYPE_BF16)
+        ln_fwd<bf16, true>(st, (bf16*)out, mean, rstd, (bf16*)residual, (const bf16*)inp1,
+                           (const bf16*)inp2, (const bf16*)w, (const bf16*)b, N, C);
+    else
+        ln_fwd<float, true>(st, (float*)out, mean, rstd, (float*)residual, (const float*)inp1,
+                            (const float*)inp2, (const float*)w, (const float*)b, N, C);
+}
+
+/* ---- backward ---- */
+template <typename T, int V, int NCH>
+__global__ void __launch_bounds__(LN_WARPS * 32)
+    ln_bwd_kernel(T* dinp, float* partial, const T* dout, const T* inp, const T* w,
+                  const float* mean, const float* rstd, int N, int C) {
+    extern __shared__ float red[];  /* [2*C] */
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    float wv[NCH][V], dw[NCH][V], db[NCH][V];
+#pragma unroll
+    for (int j = 0; j < NCH; j++) {
+        int c = (j * 32 + lane) * V;
+        if (c < C) load_vec<V>(wv[j], w + c);
+        else {
+#pragma unroll
+            for (int k = 0; k < V; k++) wv[j][k] = 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < V; k++) dw[j][k] = db[j][k] = 0.0f;
+    }
+    for (int row = blockIdx.x * LN_WARPS + warp; row < N; row += gridDim.x * LN_WARPS) {
+        size_t off = (size_t)row * C;
+        float mu = mean[row], rs = rstd[row];
+        float g[NCH][V], nrm[NCH][V];
+        float s1 = 0.0f, s2 = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NCH; j++) {
+            int c = (j * 32 + lane) * V;
+            if (c < C) {
+                float x[V];
+                load_vec_cs<V>(g[j], dout + off + c);
+                load_vec_cs<V>(x, inp + off + c);
+#pragma unroll
+                for (int k = 0; k < V; k++) {
+                    nrm[j][k] = (x[k] - mu) * rs;
+                    float dn = g[j][k] * wv[j][k];
+                    s1 += dn;
+                    s2 += dn * nrm[j][k];
+                    dw[j][k] += g[j][k] * nrm[j][k];
+                    db[j][k] += g[j][k];
+                }
+            }
+        }
+        float m1 = warp_sum(s1) / (float)C;
+        float m2 = warp_sum(s2) / (float)C;
+#pragma unroll
+        for (int j = 0; j < NCH; j++) {
+            int c = (j * 32 + lane) * V;
+            if (c < C) {
+                float d[V];
+                load_vec<V>(d, dinp + off + c);
+#pragma unroll
+                for (int k = 0; k < V; k++)
+                    d[k] += (g[j][k] * wv[j][k] - m1 - nrm[j][k] * m2) * rs;
+                store_vec<V>(dinp + off + c, d);
+            }
+        }
+    }
+    /* add the warps' dw/db in warp order, then write this block's partial */
+    for (int w2 = 0; w2 < LN_WARPS; w2++) {
+        if (warp == w2) {
+#pragma unroll
+            for (int j = 0; j < NCH; j++) {
+                int c = (j * 32 + lane) * V;
+                if (c < C) {
+#pragma unroll
+                    for (int k = 0; k < V; k++) {
+                        red[c + k] = (w2 == 0 ? 0.0f : red[c + k]) + dw[j][k];
+                        red[C + c + k] = (w2 == 0 ? 0.0f : red[C + c + k]) + db[j][k];
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+    float* dst = partial + (size_t)blockIdx.x * 2 * C;
+    for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) dst[c] = red[c];
+}
+
+/* dw[c] += sum_g partial[g][c]; db[c] += sum_g partial[g][C + c]; fixed order.
+ * Block: 32 columns x 8 row-threads; each row-thread sums g = ty, ty+8, ...,
+ * then the 8 are added in order. */
+template <typename T>
+__global__ void ln_bwd_final_kernel(T* dw, T* db, const float* partial, int G, int C) {
+    __shared__ float sm[8][33];
+    int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+    int c = blockIdx.x * 32 + tx;
+    float s = 0.0f;
+    if (c < 2 * C)
+        for (int g = ty; g < G; g += 8) s += partial[(size_t)g * 2 * C + c];
+    sm[ty][tx] = s;
+    __syncthreads();
+    if (ty == 0 && c < 2 * C) {
+        float tot = 0.0f;
+        for (int k = 0; k < 8; k++) tot += sm[k][tx];
+        T* p = c < C ? dw + c : db + (c - C);
+        *p = from_f<T>(to_f<T>(*p) + tot);
+    }
+}
+
+template <typename T>
+static void ln_bwd(Backend* be, T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w,
+                   const float* mean, const float* rstd, int N, int C) {
+    CudaCtx* cx = cuda_ctx(be);
+    cudaStream_t st = cx->stream;
+    if (N == 0) return;
+    constexpr int VV = Vec16<T>::N;
+    bool vec = C % VV == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(w);
+    size_t smem = 2 * (size_t)C * sizeof(float);
+    int G = 0;
+    float* partial = nullptr;
+    auto launch = [&](auto kern) {
+        int per_sm = 0;
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, LN_WARPS * 32, smem));
+        if (per_sm < 1) per_sm = 1;
+        G = per_sm * cx->num_sms;
+        int need = (int)cdiv(N, LN_WARPS);
+        if (G > need) G = need;
+        partial = (float*)cuda_scratch(be, (size_t)G * 2 * C * sizeof(float));
+        kern<<<G, LN_WARPS * 32, smem, st>>>(dinp, partial, dout, inp, w, mean, rstd, N, C);
+        LAUNCH_CHECK();
+    };
+    bool ok;
+    if (vec) {
+        ok = dispatch_nch<VV>(C, [&](auto nch) {
+            constexpr int NCH = decltype(nch)::value;
+            if constexpr (NCH * VV <= 32) {
+                launch(ln_bwd_kernel<T, VV, NCH>);
+                return true;
+            } else {
+                return false;
+            }
+        });
+    } else {
+        ok = dispatch_nch<1>(C, [&](auto nch) {
+            constexpr int NCH = decltype(nch)::value;
+            if constexpr (NCH <= 32) {
+                launch(ln_bwd_kernel<T, 1, NCH>);
+                return true;
+            } else {
+                return false;
+            }
+        });
+    }
+    if (!ok) fatal("layernorm_backward: C=%d is larger than the CUDA backend supports (1024)", C);
+    ln_bwd_final_kernel<T><<<cdiv(2 * (size_t)C, 32), 256, 0, st>>>(dw, db, partial, G, C);
+    LAUNCH_CHECK();
+}
+
+void cuda_layernorm_backward(Backend* be, void* dinp, void* dw, void* db, const void* dout,
+                             const void* inp, const void* w, const float* mean, const float* rstd,
+                             int N, int C) {
+    if (be->dtype == DTYPE_BF16)
+        ln_bwd<bf16>(be, (bf16*)dinp, (bf16*)dw, (bf16*)db, (const bf16*)dout, (const bf16*)inp,
+                     (const bf16*)w, mean, rstd, N, C);
+    else
+        ln_bwd<float>(be, (float*)dinp, (float*)dw, (float*)db, (const float*)dout,
+                      (const float*)inp, (const float*)w, mean, rstd, N, C);
+}

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# test/run_tests_gpu.sh — the GPU test suite (make test-gpu), for the GPU
+# machine. Runs each GPU test binary and prints one summary line counting
+# suites. Without a GPU the binaries report "skipped" and pass.
+#   BUILD_DIR=dir   where the test binaries are (default build)
+#   GPU_BENCH=1     also run the kernel micro-benchmarks (test_kernels_gpu --bench)
+set -u
+cd "$(dirname "$0")/.."
+BUILD_DIR=${BUILD_DIR:-build}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
+passed=0; failed=0; failed_names=""
+run_suite() {
+    local name="$1"; shift
+    echo "==== $name"
+    local t0=$(date +%s)
+    if "$@"; then passed=$((passed+1)); else failed=$((failed+1)); failed_names="$failed_names $name"; fi
+    echo "==== $name took $(( $(date +%s) - t0 )) s"
+}
+if [ ! -x "$BUILD_DIR/test_kernels_gpu" ]; then
+    echo "error: $BUILD_DIR/test_kernels_gpu not found; run make first" >&2
+    exit 1
+fi
+if [ "${GPU_BENCH:-0}" = 1 ]; then
+    run_suite test_kernels_gpu "$BUILD_DIR/test_kernels_gpu" --bench
+else
+    run_suite test_kernels_gpu "$BUILD_DIR/test_kernels_gpu"
+fi
+echo
+[ -n "$failed_names" ] && echo "failed suites:$failed_names"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
