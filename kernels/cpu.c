@@ -1,0 +1,914 @@
+/* kernels/cpu.c — the CPU backend of kernels/kernels.h: fp32 kernels,
+ * OpenMP-parallel, the reference that CI runs and the CUDA backend is
+ * checked against.
+ *
+ * Determinism: every output element is computed by one thread with a fixed
+ * order of operations that depends only on the shapes, never on the number
+ * of threads or on which thread takes which block. Reductions over a
+ * dimension that is split across threads are never split: we parallelise
+ * over the other dimension (e.g. layernorm dw/db over channels, encoder
+ * dwte over channels, attention dk/dv over (batch, head)). Sums that use
+ * several partial accumulators ("lanes") assign element i to lane i % L with
+ * a compile-time L and combine the lanes in a fixed order, so they too are
+ * thread-count independent. The build uses -ffp-contract=off and no
+ * -ffast-math, so the compiler cannot reassociate any of this.
+ *
+ * The matmuls are a packed GEMM (GotoBLAS-style blocking): A and B blocks are
+ * packed into contiguous micro-panels and a register-tiled micro-kernel
+ * (MR rows x NR columns of C) broadcasts one A value and updates NR
+ * independent output columns per k, written with GCC vector extensions.
+ * Each lane is one output element whose sum over k runs in order
+ * k = 0..K-1, so the bits do not depend on the vector width either. */
+#include "kernels.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+
+#define LN_EPS 1e-5
+#define GELU_SCALE 0.7978845608028654f   /* sqrt(2/pi) */
+#define GELU_CUBE 0.044715f
+
+/* ------------------------------------------------------------------ memory */
+
+static void* cpu_alloc(Backend* be, size_t bytes, MemCategory cat) {
+    void* p = NULL;
+    size_t rounded = (bytes + 63) & ~(size_t)63;
+    if (rounded == 0) rounded = 64;
+    if (posix_memalign(&p, 64, rounded) != 0 || !p)
+        fatal("cpu backend: out of host memory allocating %zu bytes for %s", bytes,
+              mem_category_name[cat]);
+    memset(p, 0, rounded);
+    mem_track_alloc(&be->mem, cat, bytes);
+    return p;
+}
+
+static void cpu_release(Backend* be, void* p, size_t bytes, MemCategory cat) {
+    if (!p) return;
+    free(p);
+    mem_track_free(&be->mem, cat, bytes);
+}
+
+static void cpu_zero(Backend* be, void* p, size_t bytes) {
+    (void)be;
+    if (bytes) memset(p, 0, bytes);
+}
+
+static void cpu_memcpy(Backend* be, void* dst, const void* src, size_t bytes) {
+    (void)be;
+    if (bytes && dst != src) memcpy(dst, src, bytes);
+}
+
+static void cpu_synchronize(Backend* be) { (void)be; }
+
+static size_t cpu_peak_reserved(Backend* be) {
+    (void)be;
+    return mem_peak_rss();
+}
+
+static void cpu_reset_peak(Backend* be) { be->mem.peak = be->mem.total_current; }
+
+static void cpu_destroy(Backend* be) {
+    if (!be) return;
+    free(be->ctx);
+    free(be);
+}
+
+static void cpu_x_to_f32(Backend* be, float* dst, const void* src, size_t n) {
+    cpu_memcpy(be, dst, src, n * sizeof(float));
+}
+
+static void cpu_f32_to_x(Backend* be, void* dst, const float* src, size_t n) {
+    cpu_memcpy(be, dst, src, n * sizeof(float));
+}
+
+/* Scratch for one thread inside a parallel region (not tracked: transient). */
+static void* cpu_scratch(size_t bytes) {
+    void* p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0 || !p)
+        fatal("cpu backend: out of host memory allocating %zu bytes of scratch", bytes);
+    return p;
+}
+
+/* ------------------------------------------------------- fixed-order sums */
+
+/* Sums in double with 8 lanes (element i -> lane i % 8), lanes combined in
+ * order, then the tail: same bits whatever the caller's threading. */
+#define SUM_LANES 8
+
+static double sum_f64(const float* x, int n) {
+    double acc[SUM_LANES] = {0};
+    int i = 0;
+    for (; i + SUM_LANES <= n; i += SUM_LANES)
+        for (int j = 0; j < SUM_LANES; j++) acc[j] += (double)x[i + j];
+    double s = 0.0;
+    for (int j = 0; j < SUM_LANES; j++) s += acc[j];
+    for (; i < n; i++) s += (double)x[i];
+    return s;
+}
+
+/* sum (x - m)^2 */
+static double sumsq_dev_f64(const float* x, double m, int n) {
+    double acc[SUM_LANES] = {0};
+    int i = 0;
+    for (; i + SUM_LANES <= n; i += SUM_LANES)
+        for (int j = 0; j < SUM_LANES; j++) {
+            double d = (double)x[i + j] - m;
+            acc[j] += d * d;
+        }
+    double s = 0.0;
+    for (int j = 0; j < SUM_LANES; j++) s += acc[j];
+    for (; i < n; i++) {
+        double d = (double)x[i] - m;
+        s += d * d;
+    }
+    return s;
+}
+
+static double dot_f64(const float* a, const float* b, size_t n) {
+    double acc[SUM_LANES] = {0};
+    size_t i = 0;
+    for (; i + SUM_LANES <= n; i += SUM_LANES)
+        for (int j = 0; j < SUM_LANES; j++) acc[j] += (double)a[i + j] * (double)b[i + j];
+    double s = 0.0;
+    for (int j = 0; j < SUM_LANES; j++) s += acc[j];
+    for (; i < n; i++) s += (double)a[i] * (double)b[i];
+    return s;
+}
+
+/* max over x[0..n) with 16 lanes (max is exact: any order gives the same
+ * value); -inf for n == 0. */
+static float max_f(const float* x, int n) {
+    float m[16];
+    for (int j = 0; j < 16; j++) m[j] = -INFINITY;
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++) m[j] = x[i + j] > m[j] ? x[i + j] : m[j];
+    float r = -INFINITY;
+    for (int j = 0; j < 16; j++) r = m[j] > r ? m[j] : r;
+    for (; i < n; i++) r = x[i] > r ? x[i] : r;
+    return r;
+}
+
+/* --------------------------------------------------------- exp, sigmoid */
+
+/* exp(x) from IEEE add/mul/floor only, so that loops calling it vectorise
+ * (libm's expf does not, without -ffast-math) and the bits are the same on
+ * every machine. x = n ln2 + r (Cody-Waite: n*LN2_HI is exact), |r| <= ln2/2,
+ * e^r by its degree-7 Taylor polynomial (truncation < 6e-9 relative), times
+ * 2^n built in the exponent bits. Input clamped to [-87, 88] so 2^n stays a
+ * normal float: exp_f(-inf) is 1.6e-38, not 0, which no caller minds. About
+ * 2 ulp. NaN stays NaN (the comparisons below let it through). */
+static inline float exp_f(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    x = x > 88.0f ? 88.0f : x;
+    /* n = round(x / ln2) by the 1.5 * 2^23 trick (no libm call) */
+    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    union { int32_t i; float f; } scale;
+    scale.i = ((int32_t)n + 127) << 23;
+    return p * scale.f;
+}
+
+/* -------------------------------------------------------------------- GELU */
+
+/* gelu(x) = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3). We use
+ * 0.5 (1 + tanh(u)) = sigmoid(2u) = 1 / (1 + e^{-2u}), the same function
+ * without the cancellation of 1 + tanh(u) for negative u, and e^{-2u} is
+ * clamped to [e^-80, e^80] so nothing goes subnormal. */
+static inline float gelu_f(float x) {
+    float u2 = 2.0f * GELU_SCALE * (x + GELU_CUBE * x * x * x);
+    float a = -u2;
+    a = a > 80.0f ? 80.0f : a;
+    a = a < -80.0f ? -80.0f : a;
+    return x / (1.0f + exp_f(a));
+}
+
+/* d gelu / dx = s + x * 0.5 (1 - tanh^2(u)) du/dx with s = sigmoid(2u);
+ * 0.5 (1 - tanh^2) = 2 s (1 - s) and 1 - s = e s with e = e^{-2u}. */
+static inline float gelu_grad_f(float x) {
+    float u2 = 2.0f * GELU_SCALE * (x + GELU_CUBE * x * x * x);
+    float a = -u2;
+    a = a > 80.0f ? 80.0f : a;
+    a = a < -80.0f ? -80.0f : a;
+    const float e = exp_f(a);
+    const float s = 1.0f / (1.0f + e);
+    const float du = GELU_SCALE * (1.0f + 3.0f * GELU_CUBE * x * x);
+    return s + 2.0f * x * (s * (e * s)) * du;
+}
+
+static void cpu_gelu_forward(Backend* be, void* out_, const void* inp_, size_t n) {
+    (void)be;
+    float* out = out_;
+    const float* inp = inp_;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) out[i] = gelu_f(inp[i]);
+}
+
+static void cpu_gelu_backward(Backend* be, void* dinp_, const void* inp_, const void* dout_,
+                              size_t n) {
+    (void)be;
+    float* dinp = dinp_;
+    const float* inp = inp_;
+    const float* dout = dout_;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) dinp[i] = dout[i] * gelu_grad_f(inp[i]);
+}
+
+/* -------------------------------------------------------------------- GEMM */
+
+#if defined(__AVX512F__)
+#define GEMM_VW 16
+#define GEMM_MR 8    /* 8 x 2 zmm accumulators of 32 */
+#else
+#define GEMM_VW 8
+#define GEMM_MR 6    /* 6 x 2 ymm accumulators of 16 */
+#endif
+#define GEMM_NR (2 * GEMM_VW)
+#ifndef GEMM_MC
+#define GEMM_MC 96   /* rows of A per task: a multiple of MR */
+#endif
+#ifndef GEMM_KC
+#define GEMM_KC 256  /* k-block: an MR x KC A panel and a KC x NR B panel sit in L1 */
+#endif
+#define GEMM_BPACK_FLOATS ((size_t)2 << 20)   /* shared packed B block: 8 MB */
+
+typedef float gemm_vec __attribute__((vector_size(GEMM_VW * 4)));
+typedef float gemm_vecu __attribute__((vector_size(GEMM_VW * 4), aligned(4)));
+
+/* C[M,N] (=|+=) A[M,K] B[K,N] with A(i,k) = A[i*a_rs + k*a_cs] and
+ * B(k,j) = B[k*b_rs + j*b_cs]; C row-major with leading dimension ldc.
+ * accumulate=0: C = bias (or 0) + A B; accumulate=1: C += A B.
+ * Per element: start value, then + a(i,k)*b(k,j) for k = 0..K-1 in order
+ * (partial sums are stored to C between k-blocks: still fp32, same bits). */
+typedef struct {
+    int M, N, K;
+    const float* A;
+    ptrdiff_t a_rs, a_cs;
+    const float* B;
+    ptrdiff_t b_rs, b_cs;
+    float* C;
+    ptrdiff_t ldc;
+    int accumulate;
+    const float* bias;
+} GemmArgs;
+
+/* One MR x NR tile of C over kc packed steps. init_row != NULL: start every
+ * row from init_row[0..NR); else start from the tile at Cc. */
+static inline __attribute__((always_inline)) void gemm_micro(int kc, const float* restrict Ap,
+                                                              const float* restrict Bp,
+                                                              float* restrict Cc, ptrdiff_t ldc,
+                                                              const float* restrict init_row) {
+    gemm_vec acc[GEMM_MR][2];
+    if (init_row) {
+        gemm_vec i0 = *(const gemm_vec*)init_row;
+        gemm_vec i1 = *(const gemm_vec*)(init_row + GEMM_VW);
+#pragma GCC unroll 8
+        for (int r = 0; r < GEMM_MR; r++) {
+            acc[r][0] = i0;
+            acc[r][1] = i1;
+        }
+    } else {
+#pragma GCC unroll 8
+        for (int r = 0; r < GEMM_MR; r++) {
+            acc[r][0] = *(const gemm_vecu*)(Cc + r * ldc);
+            acc[r][1] = *(const gemm_vecu*)(Cc + r * ldc + GEMM_VW);
+        }
+    }
+    for (int k = 0; k < kc; k++) {
+        const gemm_vec b0 = *(const gemm_vec*)(Bp + (size_t)k * GEMM_NR);
+        const gemm_vec b1 = *(const gemm_vec*)(Bp + (size_t)k * GEMM_NR + GEMM_VW);
+        const float* a = Ap + (size_t)k * GEMM_MR;
+#pragma GCC unroll 8
+        for (int r = 0; r < GEMM_MR; r++) {
+            const float ar = a[r];
+            acc[r][0] += b0 * ar;
+            acc[r][1] += b1 * ar;
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < GEMM_MR; r++) {
+        *(gemm_vecu*)(Cc + r * ldc) = acc[r][0];
+        *(gemm_vecu*)(Cc + r * ldc + GEMM_VW) = acc[r][1];
+    }
+}
+
+/* Pack rows [i0, i0+mc) x cols [k0, k0+kc) of A into MR-row micro-panels:
+ * panel p, step k, row r at Ap[p*MR*kc + k*MR + r]; rows past mc are 0. */
+static void gemm_pack_a(const GemmArgs* g, float* restrict Ap, int i0, int mc, int k0, int kc) {
+    for (int ip = 0; ip < mc; ip += GEMM_MR) {
+        float* dst = Ap + (size_t)ip * kc;
+        int rows = mc - ip < GEMM_MR ? mc - ip : GEMM_MR;
+        if (g->a_cs == 1) {
+            for (int r = 0; r < GEMM_MR; r++) {
+                if (r < rows) {
+                    const float* src = g->A + (ptrdiff_t)(i0 + ip + r) * g->a_rs + k0;
+                    for (int k = 0; k < kc; k++) dst[(size_t)k * GEMM_MR + r] = src[k];
+                } else {
+                    for (int k = 0; k < kc; k++) dst[(size_t)k * GEMM_MR + r] = 0.0f;
+                }
+            }
+        } else {
+            for (int k = 0; k < kc; k++) {
+                const float* src = g->A + (ptrdiff_t)(i0 + ip) * g->a_rs + (ptrdiff_t)(k0 + k) * g->a_cs;
+                for (int r = 0; r < GEMM_MR; r++)
+                    dst[(size_t)k * GEMM_MR + r] = r < rows ? src[r * g->a_rs] : 0.0f;
+            }
+        }
+    }
+}
+
+/* Pack rows [k0, k0+kc) x cols [j0, j0+NR) of B (cols past N are 0) into
+ * one micro-panel: step k, col j at dst[k*NR + j]. */
+static void gemm_pack_b_panel(const GemmArgs* g, float* restrict dst, int j0, int k0, int kc) {
+    const int cols = g->N - j0 < GEMM_NR ? g->N - j0 : GEMM_NR;
+    if (g->b_cs == 1) {
+        for (int k = 0; k < kc; k++) {
+            const float* src = g->B + (ptrdiff_t)(k0 + k) * g->b_rs + j0;
+            float* d = dst + (size_t)k * GEMM_NR;
+            for (int j = 0; j < cols; j++) d[j] = src[j];
+            for (int j = cols; j < GEMM_NR; j++) d[j] = 0.0f;
+        }
+    } else {
+        for (int j = 0; j < GEMM_NR; j++) {
+            if (j < cols) {
+                const float* src = g->B + (ptrdiff_t)(j0 + j) * g->b_cs + (ptrdiff_t)k0 * g->b_rs;
+                for (int k = 0; k < kc; k++) dst[(size_t)k * GEMM_NR + j] = src[(ptrdiff_t)k * g->b_rs];
+            } else {
+                for (int k = 0; k < kc; k++) dst[(size_t)k * GEMM_NR + j] = 0.0f;
+            }
+        }
+    }
+}
+
+/* Blocking: columns of C in blocks of ncb (B of that block packed once into
+ * a shared buffer by all threads), then rows in blocks of MC (one task each,
+ * its A block packed per k-block by the thread that takes it). Which thread
+ * takes which block does not change any result. */
+static void gemm_run(const GemmArgs* g) {
+    const int M = g->M, N = g->N, K = g->K;
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) {
+        if (!g->accumulate)
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < N; j++) g->C[(ptrdiff_t)i * g->ldc + j] = g->bias ? g->bias[j] : 0.0f;
+        return;
+    }
+    const size_t npad = ((size_t)N + GEMM_NR - 1) / GEMM_NR * GEMM_NR;
+    size_t ncb = GEMM_BPACK_FLOATS / (size_t)K / GEMM_NR * GEMM_NR;
+    if (ncb < GEMM_NR) ncb = GEMM_NR;
+    if (ncb > npad) ncb = npad;
+    const int nkb = (K + GEMM_KC - 1) / GEMM_KC;
+    const int mt = (M + GEMM_MC - 1) / GEMM_MC;
+    float* Bp = cpu_scratch(sizeof(float) * (size_t)K * ncb);
+#pragma omp parallel
+    {
+        float* Ap = cpu_scratch(sizeof(float) * GEMM_MC * GEMM_KC);
+        float tile[GEMM_MR * GEMM_NR] __attribute__((aligned(64)));
+        float init[GEMM_NR] __attribute__((aligned(64)));
+        for (size_t j0 = 0; j0 < (size_t)N; j0 += ncb) {
+            const int nc = (size_t)N - j0 < ncb ? (int)((size_t)N - j0) : (int)ncb;
+            const int npan = (nc + GEMM_NR - 1) / GEMM_NR;
+            /* k-block kb of the packed block starts at Bp + kb*KC*ncb; its
+             * panel p at + p*NR*kc. */
+#pragma omp for schedule(static)
+            for (int t = 0; t < nkb * npan; t++) {
+                const int kb = t / npan, p = t % npan;
+                const int k0 = kb * GEMM_KC, kc = K - k0 < GEMM_KC ? K - k0 : GEMM_KC;
+                gemm_pack_b_panel(g, Bp + (size_t)k0 * ncb + (size_t)p * GEMM_NR * kc,
+                                  (int)j0 + p * GEMM_NR, k0, kc);
+            }
+#pragma omp for schedule(dynamic, 1)
+            for (int ib = 0; ib < mt; ib++) {
+                const int i0 = ib * GEMM_MC;
+                const int mc = M - i0 < GEMM_MC ? M - i0 : GEMM_MC;
+                for (int kb = 0; kb < nkb; kb++) {
+                    const int k0 = kb * GEMM_KC, kc = K - k0 < GEMM_KC ? K - k0 : GEMM_KC;
+                    const int first = (kb == 0) && !g->accumulate;
+                    gemm_pack_a(g, Ap, i0, mc, k0, kc);
+                    for (int jp = 0; jp < nc; jp += GEMM_NR) {
+                        const int cols = nc - jp < GEMM_NR ? nc - jp : GEMM_NR;
+                        if (first)
+                            for (int j = 0; j < GEMM_NR; j++)
+                                init[j] = (g->bias && j < cols) ? g->bias[j0 + jp + j] : 0.0f;
+                        const float* bpan = Bp + (size_t)k0 * ncb + (size_t)jp * kc;
+                        for (int ip = 0; ip < mc; ip += GEMM_MR) {
+                            const int rows = mc - ip < GEMM_MR ? mc - ip : GEMM_MR;
+                            const float* apan = Ap + (size_t)ip * kc;
+                            float* Cc = g->C + (ptrdiff_t)(i0 + ip) * g->ldc + (ptrdiff_t)j0 + jp;
+                            if (rows == GEMM_MR && cols == GEMM_NR) {
+                                gemm_micro(kc, apan, bpan, Cc, g->ldc, first ? init : NULL);
+                            } else {
+                                if (!first) {
+                                    memset(tile, 0, sizeof tile);
+                                    for (int r = 0; r < rows; r++)
+                                        memcpy(tile + r * GEMM_NR, Cc + (ptrdiff_t)r * g->ldc,
+                                               sizeof(float) * cols);
+                                }
+                                gemm_micro(kc, apan, bpan, tile, GEMM_NR, first ? init : NULL);
+                                for (int r = 0; r < rows; r++)
+                                    memcpy(Cc + (ptrdiff_t)r * g->ldc, tile + r * GEMM_NR,
+                                           sizeof(float) * cols);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        free(Ap);
+    }
+    free(Bp);
+}
+
+static void cpu_matmul_forward(Backend* be, void* out_, void* pre_gelu_, const void* inp,
+                               const void* w, const void* bias, int N, int C, int OC) {
+    (void)be;
+    float* out = out_;
+    float* pre = pre_gelu_ ? (float*)pre_gelu_ : out;
+    GemmArgs g = {.M = N, .N = OC, .K = C, .A = inp, .a_rs = C, .a_cs = 1,
+                  .B = w, .b_rs = 1, .b_cs = C, .C = pre, .ldc = OC,
+                  .accumulate = 0, .bias = bias};
+    gemm_run(&g);
+    if (pre_gelu_) cpu_gelu_forward(be, out, pre, (size_t)N * OC);
+}
+
+static void cpu_matmul_backward(Backend* be, void* dinp_, void* dw_, void* dbias_, const void* dout_,
+                                const void* inp, const void* w, const void* pre_gelu_,
+                                int N, int C, int OC) {
+    (void)be;
+    float* dinp = dinp_;
+    const float* dout = dout_;
+    /* dinp[N,C] = dout[N,OC] @ w[OC,C] */
+    GemmArgs gi = {.M = N, .N = C, .K = OC, .A = dout, .a_rs = OC, .a_cs = 1,
+                   .B = w, .b_rs = C, .b_cs = 1, .C = dinp, .ldc = C,
+                   .accumulate = 0, .bias = NULL};
+    gemm_run(&gi);
+    if (pre_gelu_) {
+        const float* pre = pre_gelu_;
+        size_t n = (size_t)N * C;
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < n; i++) dinp[i] = dinp[i] * gelu_grad_f(pre[i]);
+    }
+    /* dw[OC,C] += dout^T[OC,N] @ inp[N,C] */
+    GemmArgs gw = {.M = OC, .N = C, .K = N, .A = dout, .a_rs = 1, .a_cs = OC,
+                   .B = inp, .b_rs = C, .b_cs = 1, .C = dw_, .ldc = C,
+                   .accumulate = 1, .bias = NULL};
+    gemm_run(&gw);
+    /* dbias[o] += sum_n dout[n,o]: per column, rows in order, in double */
+    if (dbias_) {
+        float* dbias = dbias_;
+        enum { CH = 64 };
+        int nch = (OC + CH - 1) / CH;
+#pragma omp parallel for schedule(static)
+        for (int ch = 0; ch < nch; ch++) {
+            int o0 = ch * CH, cnt = OC - o0 < CH ? OC - o0 : CH;
+            double acc[CH] = {0};
+            for (int n = 0; n < N; n++) {
+                const float* row = dout + (size_t)n * OC + o0;
+                for (int j = 0; j < cnt; j++) acc[j] += (double)row[j];
+            }
+            for (int j = 0; j < cnt; j++) dbias[o0 + j] += (float)acc[j];
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- encoder */
+
+static void cpu_encoder_forward(Backend* be, void* out_, const int* inp, const void* wte_,
+                                const void* wpe_, int B, int T, int C) {
+    (void)be;
+    float* out = out_;
+    const float* wte = wte_;
+    const float* wpe = wpe_;
+#pragma omp parallel for schedule(static)
+    for (int bt = 0; bt < B * T; bt++) {
+        int t = bt % T;
+        const float* e = wte + (size_t)inp[bt] * C;
+        const float* p = wpe + (size_t)t * C;
+        float* o = out + (size_t)bt * C;
+        for (int c = 0; c < C; c++) o[c] = e[c] + p[c];
+    }
+}
+
+/* Parallel over channel blocks: every element of dwte/dwpe gets its
+ * contributions in (b, t) order, whatever the threading. */
+static void cpu_encoder_backward(Backend* be, void* dwte_, void* dwpe_, const void* dout_,
+                                 const int* inp, int B, int T, int C) {
+    (void)be;
+    float* dwte = dwte_;
+    float* dwpe = dwpe_;
+    const float* dout = dout_;
+    enum { CH = 64 };
+    int nch = (C + CH - 1) / CH;
+#pragma omp parallel for schedule(static)
+    for (int ch = 0; ch < nch; ch++) {
+        int c0 = ch * CH, cnt = C - c0 < CH ? C - c0 : CH;
+        for (int bt = 0; bt < B * T; bt++) {
+            int t = bt % T;
+            const float* d = dout + (size_t)bt * C + c0;
+            float* we = dwte + (size_t)inp[bt] * C + c0;
+            float* wp = dwpe + (size_t)t * C + c0;
+            for (int j = 0; j < cnt; j++) we[j] += d[j];
+            for (int j = 0; j < cnt; j++) wp[j] += d[j];
+        }
+    }
+}
+
+/* -------------------------------------------------------------- layernorm */
+
+static inline void layernorm_row(float* out, float* mean, float* rstd, const float* x,
+                                 const float* w, const float* b, int C) {
+    float m = (float)(sum_f64(x, C) / C);
+    double var = sumsq_dev_f64(x, (double)m, C) / C;   /* biased */
+    float rs = (float)(1.0 / sqrt(var + LN_EPS));
+    for (int c = 0; c < C; c++) out[c] = (x[c] - m) * rs * w[c] + b[c];
+    *mean = m;
+    *rstd = rs;
+}
+
+static void cpu_layernorm_forward(Backend* be, void* out_, float* mean, float* rstd,
+                                  const void* inp_, const void* w, const void* b, int N, int C) {
+    (void)be;
+    float* out = out_;
+    const float* inp = inp_;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        layernorm_row(out + (size_t)n * C, mean + n, rstd + n, inp + (size_t)n * C, w, b, C);
+}
+
+static void cpu_residual_layernorm_forward(Backend* be, void* residual_, void* out_, float* mean,
+                                           float* rstd, const void* inp1_, const void* inp2_,
+                                           const void* w, const void* b, int N, int C) {
+    (void)be;
+    float* residual = residual_;
+    float* out = out_;
+    const float* inp1 = inp1_;
+    const float* inp2 = inp2_;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        float* r = residual + (size_t)n * C;
+        const float* a = inp1 + (size_t)n * C;
+        const float* c2 = inp2 + (size_t)n * C;
+        for (int c = 0; c < C; c++) r[c] = a[c] + c2[c];
+        layernorm_row(out + (size_t)n * C, mean + n, rstd + n, r, w, b, C);
+    }
+}
+
+static void cpu_residual_forward(Backend* be, void* out_, const void* inp1_, const void* inp2_,
+                                 size_t n) {
+    (void)be;
+    float* out = out_;
+    const float* a = inp1_;
+    const float* b = inp2_;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+static void cpu_layernorm_backward(Backend* be, void* dinp_, void* dw_, void* db_,
+                                   const void* dout_, const void* inp_, const void* w_,
+                                   const float* mean, const float* rstd, int N, int C) {
+    (void)be;
+    float* dinp = dinp_;
+    float* dw = dw_;
+    float* db = db_;
+    const float* dout = dout_;
+    const float* inp = inp_;
+    const float* w = w_;
+    enum { CH = 64 };
+    const int nch = (C + CH - 1) / CH;
+#pragma omp parallel
+    {
+        float* dnorm = cpu_scratch(sizeof(float) * (size_t)C * 2);
+        float* norm = dnorm + C;
+        /* dinp: one row per iteration */
+#pragma omp for schedule(static)
+        for (int n = 0; n < N; n++) {
+            const float* x = inp + (size_t)n * C;
+            const float* d = dout + (size_t)n * C;
+            float* di = dinp + (size_t)n * C;
+            const float m = mean[n], rs = rstd[n];
+            for (int c = 0; c < C; c++) {
+                norm[c] = (x[c] - m) * rs;
+                dnorm[c] = w[c] * d[c];
+            }
+            const float dnorm_mean = (float)(sum_f64(dnorm, C) / C);
+            const float dnorm_norm_mean = (float)(dot_f64(dnorm, norm, (size_t)C) / C);
+            for (int c = 0; c < C; c++)
+                di[c] += (dnorm[c] - dnorm_mean - norm[c] * dnorm_norm_mean) * rs;
+        }
+        /* dw, db: one block of channels per iteration, rows in order, double */
+#pragma omp for schedule(static)
+        for (int ch = 0; ch < nch; ch++) {
+            const int c0 = ch * CH, cnt = C - c0 < CH ? C - c0 : CH;
+            double aw[CH] = {0}, ab[CH] = {0};
+            for (int n = 0; n < N; n++) {
+                const float* x = inp + (size_t)n * C + c0;
+                const float* d = dout + (size_t)n * C + c0;
+                const float m = mean[n], rs = rstd[n];
+                for (int j = 0; j < cnt; j++) {
+                    float nv = (x[j] - m) * rs;
+                    aw[j] += (double)(d[j] * nv);
+                    ab[j] += (double)d[j];
+                }
+            }
+            for (int j = 0; j < cnt; j++) {
+                dw[c0 + j] += (float)aw[j];
+                db[c0 + j] += (float)ab[j];
+            }
+        }
+        free(dnorm);
+    }
+}
+
+/* -------------------------------------------------------------- attention */
+
+static int attention_head_size(int C, int NH) {
+    if (NH <= 0 || C % NH != 0) fatal("attention: C=%d is not divisible by NH=%d", C, NH);
+    return C / NH;
+}
+
+/* Parallel over (b, h). Per head, the keys are transposed into kt[d][s] so
+ * that scores for all keys are computed vectorised over s with the sum over
+ * d in order; the output row is accumulated vectorised over d with the sum
+ * over s in order. */
+static void cpu_attention_forward(Backend* be, void* out_, float* lse, const void* qkv_, int B,
+                                  int T, int C, int NH) {
+    (void)be;
+    float* out = out_;
+    const float* qkv = qkv_;
+    const int hs = attention_head_size(C, NH);
+    const float scale = 1.0f / sqrtf((float)hs);
+    const size_t C3 = (size_t)3 * C;
+#pragma omp parallel
+    {
+        float* kt = cpu_scratch(sizeof(float) * (size_t)hs * T);
+        float* sc = cpu_scratch(sizeof(float) * (size_t)T);
+        float* acc = cpu_scratch(sizeof(float) * (size_t)hs);
+#pragma omp for schedule(dynamic, 1)
+        for (int bh = 0; bh < B * NH; bh++) {
+            const int b = bh / NH, h = bh % NH;
+            const float* base = qkv + (size_t)b * T * C3;
+            for (int s = 0; s < T; s++) {
+                const float* k = base + (size_t)s * C3 + C + (size_t)h * hs;
+                for (int d = 0; d < hs; d++) kt[(size_t)d * T + s] = k[d];
+            }
+            for (int t = 0; t < T; t++) {
+                const float* q = base + (size_t)t * C3 + (size_t)h * hs;
+                const int ns = t + 1;
+                for (int s = 0; s < ns; s++) sc[s] = 0.0f;
+                for (int d = 0; d < hs; d++) {
+                    const float qd = q[d];
+                    const float* row = kt + (size_t)d * T;
+                    for (int s = 0; s < ns; s++) sc[s] += qd * row[s];
+                }
+                for (int s = 0; s < ns; s++) sc[s] *= scale;
+                const float mx = max_f(sc, ns);
+                for (int s = 0; s < ns; s++) sc[s] = exp_f(sc[s] - mx);
+                const double sum = sum_f64(sc, ns);
+                lse[(size_t)bh * T + t] = (float)((double)mx + log(sum));
+                const float inv = (float)(1.0 / sum);
+                for (int d = 0; d < hs; d++) acc[d] = 0.0f;
+                for (int s = 0; s < ns; s++) {
+                    const float p = sc[s] * inv;
+                    const float* v = base + (size_t)s * C3 + 2 * (size_t)C + (size_t)h * hs;
+                    for (int d = 0; d < hs; d++) acc[d] += p * v[d];
+                }
+                float* o = out + ((size_t)b * T + t) * C + (size_t)h * hs;
+                for (int d = 0; d < hs; d++) o[d] = acc[d];
+            }
+        }
+        free(kt);
+        free(sc);
+        free(acc);
+    }
+}
+
+/* Flash-style backward, parallel over (b, h): the thread of a head owns its
+ * dq, dk, dv columns, and adds into dk/dv over queries t in order. */
+static void cpu_attention_backward(Backend* be, void* dqkv_, const void* dout_, const void* qkv_,
+                                   const void* out_, const float* lse, int B, int T, int C, int NH) {
+    (void)be;
+    float* dqkv = dqkv_;
+    const float* dout = dout_;
+    const float* qkv = qkv_;
+    const float* out = out_;
+    const int hs = attention_head_size(C, NH);
+    const float scale = 1.0f / sqrtf((float)hs);
+    const size_t C3 = (size_t)3 * C;
+#pragma omp parallel
+    {
+        float* kt = cpu_scratch(sizeof(float) * (size_t)hs * T);
+        float* vt = cpu_scratch(sizeof(float) * (size_t)hs * T);
+        float* p = cpu_scratch(sizeof(float) * (size_t)T);
+        float* dp = cpu_scratch(sizeof(float) * (size_t)T);
+        float* dq = cpu_scratch(sizeof(float) * (size_t)hs);
+#pragma omp for schedule(dynamic, 1)
+        for (int bh = 0; bh < B * NH; bh++) {
+            const int b = bh / NH, h = bh % NH;
+            const float* base = qkv + (size_t)b * T * C3;
+            float* dbase = dqkv + (size_t)b * T * C3;
+            for (int s = 0; s < T; s++) {
+                const float* k = base + (size_t)s * C3 + C + (size_t)h * hs;
+                const float* v = k + C;
+                for (int d = 0; d < hs; d++) {
+                    kt[(size_t)d * T + s] = k[d];
+                    vt[(size_t)d * T + s] = v[d];
+                }
+                float* dk = dbase + (size_t)s * C3 + C + (size_t)h * hs;
+                memset(dk, 0, sizeof(float) * hs);
+                memset(dk + C, 0, sizeof(float) * hs);
+            }
+            for (int t = 0; t < T; t++) {
+                const float* q = base + (size_t)t * C3 + (size_t)h * hs;
+                const float* dot = dout + ((size_t)b * T + t) * C + (size_t)h * hs;
+                const float* ot = out + ((size_t)b * T + t) * C + (size_t)h * hs;
+                const int ns = t + 1;
+                const float l = lse[(size_t)bh * T + t];
+                for (int s = 0; s < ns; s++) {
+                    p[s] = 0.0f;
+                    dp[s] = 0.0f;
+                }
+                for (int d = 0; d < hs; d++) {
+                    const float qd = q[d], gd = dot[d];
+                    const float* kr = kt + (size_t)d * T;
+                    const float* vr = vt + (size_t)d * T;
+                    for (int s = 0; s < ns; s++) {
+                        p[s] += qd * kr[s];
+                        dp[s] += gd * vr[s];
+                    }
+                }
+                const float D = (float)dot_f64(dot, ot, (size_t)hs);
+                for (int s = 0; s < ns; s++) {
+                    p[s] = exp_f(p[s] * scale - l);
+                    dp[s] = p[s] * (dp[s] - D);   /* dS */
+                }
+                for (int d = 0; d < hs; d++) dq[d] = 0.0f;
+                for (int s = 0; s < ns; s++) {
+                    const float ds = dp[s];
+                    const float* k = base + (size_t)s * C3 + C + (size_t)h * hs;
+                    for (int d = 0; d < hs; d++) dq[d] += ds * k[d];
+                }
+                float* dqo = dbase + (size_t)t * C3 + (size_t)h * hs;
+                for (int d = 0; d < hs; d++) dqo[d] = dq[d] * scale;
+                for (int s = 0; s < ns; s++) {
+                    const float dss = dp[s] * scale, ps = p[s];
+                    float* dk = dbase + (size_t)s * C3 + C + (size_t)h * hs;
+                    float* dv = dk + C;
+                    for (int d = 0; d < hs; d++) dk[d] += dss * q[d];
+                    for (int d = 0; d < hs; d++) dv[d] += ps * dot[d];
+                }
+            }
+        }
+        free(kt);
+        free(vt);
+        free(p);
+        free(dp);
+        free(dq);
+    }
+}
+
+/* ------------------------------------------------------------- classifier */
+
+static void cpu_fused_classifier(Backend* be, void* logits_, float* losses, const int* targets,
+                                 float dloss, int N, int V, int Vp) {
+    (void)be;
+    float* logits = logits_;
+#pragma omp parallel
+    {
+        float* e = cpu_scratch(sizeof(float) * (size_t)V);
+#pragma omp for schedule(static)
+        for (int n = 0; n < N; n++) {
+            float* x = logits + (size_t)n * Vp;
+            const int tgt = targets[n];
+            const float mx = max_f(x, V);
+            for (int i = 0; i < V; i++) e[i] = exp_f(x[i] - mx);
+            const double sum = sum_f64(e, V);
+            losses[n] = (float)((double)mx + log(sum) - (double)x[tgt]);
+            if (dloss != 0.0f) {
+                const float inv = (float)(1.0 / sum);
+                for (int i = 0; i < V; i++) x[i] = e[i] * inv * dloss;
+                x[tgt] = (e[tgt] * inv - 1.0f) * dloss;
+                for (int i = V; i < Vp; i++) x[i] = 0.0f;
+            }
+        }
+        free(e);
+    }
+}
+
+/* -------------------------------------------------------------- optimizer */
+
+#define SUMSQ_CHUNK 8192
+
+/* Fixed chunks of SUMSQ_CHUNK elements of each piece, each summed in double
+ * (8 lanes), then the chunk sums added in order. */
+static double cpu_grad_sumsq(Backend* be, const void* grads_, const OptPiece* pieces, int npieces) {
+    (void)be;
+    const float* grads = grads_;
+    size_t nchunks = 0;
+    for (int p = 0; p < npieces; p++) nchunks += (pieces[p].len + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
+    if (nchunks == 0) return 0.0;
+    double* sums = xmalloc(sizeof(double) * nchunks);
+    size_t* start = xmalloc(sizeof(size_t) * nchunks);
+    size_t* len = xmalloc(sizeof(size_t) * nchunks);
+    size_t k = 0;
+    for (int p = 0; p < npieces; p++)
+        for (size_t off = 0; off < pieces[p].len; off += SUMSQ_CHUNK) {
+            start[k] = pieces[p].buf_off + off;
+            len[k] = pieces[p].len - off < SUMSQ_CHUNK ? pieces[p].len - off : SUMSQ_CHUNK;
+            k++;
+        }
+#pragma omp parallel for schedule(static)
+    for (size_t c = 0; c < nchunks; c++) {
+        const float* g = grads + start[c];
+        sums[c] = dot_f64(g, g, len[c]);
+    }
+    double total = 0.0;
+    for (size_t c = 0; c < nchunks; c++) total += sums[c];
+    free(sums);
+    free(start);
+    free(len);
+    return total;
+}
+
+static void cpu_adamw(Backend* be, void* params_, const void* grads_, float* master, float* m,
+                      float* v, const OptPiece* pieces, int npieces, const AdamWArgs* a) {
+    (void)be;
+    float* params = params_;
+    const float* grads = grads_;
+    const float beta1 = a->beta1, beta2 = a->beta2, lr = a->lr, eps = a->eps;
+    const float wd = a->weight_decay, gs = a->grad_scale;
+    const float bc1 = (float)(1.0 - pow((double)beta1, (double)a->t));
+    const float bc2 = (float)(1.0 - pow((double)beta2, (double)a->t));
+    const float omb1 = 1.0f - beta1, omb2 = 1.0f - beta2;
+#pragma omp parallel
+    for (int p = 0; p < npieces; p++) {
+        const OptPiece pc = pieces[p];
+        float* pp = params + pc.buf_off;
+        const float* gp = grads + pc.buf_off;
+        float* ms = master + pc.state_off;
+        float* mm = m + pc.state_off;
+        float* vv = v + pc.state_off;
+        const float dec = pc.decay ? wd : 0.0f;
+#pragma omp for schedule(static) nowait
+        for (size_t i = 0; i < pc.len; i++) {
+            const float g = gp[i] * gs;
+            const float mi = beta1 * mm[i] + omb1 * g;
+            const float vi = beta2 * vv[i] + omb2 * g * g;
+            const float mhat = mi / bc1, vhat = vi / bc2;
+            const float w = ms[i];
+            const float nw = w - lr * (mhat / (sqrtf(vhat) + eps) + dec * w);
+            mm[i] = mi;
+            vv[i] = vi;
+            ms[i] = nw;
+            pp[i] = nw;
+        }
+    }
+}
+
+/* ------------------------------------------------------------ constructor */
+
+Backend* backend_cpu_create(void) {
+    Backend* be = xcalloc(1, sizeof(Backend));
+    be->name = "cpu";
+    be->dtype = DTYPE_FP32;
+    be->ctx = NULL;
+    be->alloc = cpu_alloc;
+    be->release = cpu_release;
+    be->zero = cpu_zero;
+    be->to_device = cpu_memcpy;
+    be->to_host = cpu_memcpy;
+    be->copy = cpu_memcpy;
+    be->synchronize = cpu_synchronize;
+    be->peak_reserved = cpu_peak_reserved;
+    be->reset_peak = cpu_reset_peak;
+    be->destroy = cpu_destroy;
+    be->x_to_f32 = cpu_x_to_f32;
+    be->f32_to_x = cpu_f32_to_x;
+    be->encoder_forward = cpu_encoder_forward;
+    be->layernorm_forward = cpu_layernorm_forward;
+    be->residual_layernorm_forward = cpu_residual_layernorm_forward;
+    be->residual_forward = cpu_residual_forward;
+    be->matmul_forward = cpu_matmul_forward;
+    be->attention_forward = cpu_attention_forward;
+    be->gelu_forward = cpu_gelu_forward;
+    be->fused_classifier = cpu_fused_classifier;
+    be->encoder_backward = cpu_encoder_backward;
+    be->layernorm_backward = cpu_layernorm_backward;
+    be->matmul_backward = cpu_matmul_backward;
+    be->attention_backward = cpu_attention_backward;
+    be->gelu_backward = cpu_gelu_backward;
+    be->grad_sumsq = cpu_grad_sumsq;
+    be->adamw = cpu_adamw;
+    be->compute_stream = NULL;
+    be->comm_stream = NULL;
+    return be;
+}
