@@ -769,6 +769,18 @@ static void run_all(Backend* cpu, DType dt) {
     t_classifier(&cx, 64, 50257, 50304);
     t_optimizer(&cx);
     cx.g->destroy(cx.g);
+    if (dt == DTYPE_BF16) {
+        /* the other tile configuration of the tensor-core attention kernels */
+        setenv("GPT2_CUDA_ATTN", "4,4,4", 1);
+        cx.g = backend_cuda_create(dt, 0, 0);
+        unsetenv("GPT2_CUDA_ATTN");
+        printf("== CUDA backend, bf16, attention with GPT2_CUDA_ATTN=4,4,4\n");
+        t_attention(&cx, 2, 64, 128, 2);
+        t_attention(&cx, 1, 130, 128, 2);
+        t_attention(&cx, 1, 77, 256, 2);
+        t_attention(&cx, 2, 1024, 768, 12);
+        cx.g->destroy(cx.g);
+    }
 }
 
 /* ---------------------------------------------------------------- bench */
@@ -987,6 +999,31 @@ static void run_bench(void) {
            step_ms, N / (step_ms * 1e-3));
     printf("peak reserved %.2f GB, tracked peak %.2f GB\n", g->peak_reserved(g) / 1e9, g->mem.peak / 1e9);
     g->destroy(g);
+
+    /* attention tile configurations (GPT2_CUDA_ATTN=fwd,dkdv,dq warps a block) */
+    const char* cfgs[4] = {"4,4,4", "8,8,8", "8,8,4", "8,4,8"};
+    printf("attention tile configurations (warps a block: fwd,dkdv,dq), ms:\n");
+    for (int k = 0; k < 4; k++) {
+        setenv("GPT2_CUDA_ATTN", cfgs[k], 1);
+        Backend* g2 = backend_cuda_create(DTYPE_BF16, 0, 0);
+        unsetenv("GPT2_CUDA_ATTN");
+        Bench b2 = b;
+        b2.g = g2;
+        size_t nq = N * 3 * C, no = N * C;
+        b2.x1 = g2->alloc(g2, nq * 2, MEM_ACTIVATIONS);
+        b2.x2 = g2->alloc(g2, no * 2, MEM_ACTIVATIONS);
+        b2.x3 = g2->alloc(g2, nq * 2, MEM_ACTIVATIONS);
+        b2.x4 = g2->alloc(g2, no * 2, MEM_ACTIVATIONS);
+        b2.lse = g2->alloc(g2, N * b.NH * 4, MEM_ACTIVATIONS);
+        bench_fill(g2, b2.x1, nq, 1.0f, &r);
+        bench_fill(g2, b2.x4, no, 1.0f, &r);
+        b2.op = B_ATT_F;
+        float f = bench_time(&b2, 20);
+        b2.op = B_ATT_B;
+        float bw = bench_time(&b2, 20);
+        printf("  %-6s forward %.3f  backward %.3f\n", cfgs[k], f, bw);
+        g2->destroy(g2);
+    }
 }
 #endif /* USE_CUDA */
 

@@ -19,6 +19,8 @@
 #include "common.cuh"
 
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
@@ -80,13 +82,14 @@ __device__ __forceinline__ void frag_b_kmajor(uint32_t* b, const bf16* s, int k0
     ldsm4t(b, s + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n0 + (lane >> 4) * 8);
 }
 
-/* rows [t0, t0+64) of a head's HS columns into smem [64][HS+8]; rows >= T
- * are zero-filled. base points at row 0 of the head; stride in elements. */
-template <int HS>
+/* rows [t0, t0+ROWS) of a head's HS columns into smem [ROWS][HS+8]; rows >= T
+ * are zero-filled. base points at row 0 of the head; stride in elements.
+ * NT threads share the copy. */
+template <int HS, int ROWS, int NT>
 __device__ __forceinline__ void load_tile(bf16* sm, const bf16* base, int t0, int T, int stride) {
     constexpr int CPR = HS / 8;
     constexpr int LD = HS + 8;
-    for (int i = threadIdx.x; i < 64 * CPR; i += 128) {
+    for (int i = threadIdx.x; i < ROWS * CPR; i += NT) {
         int r = i / CPR, cc = i % CPR;
         int t = t0 + r;
         bool ok = t < T;
@@ -95,21 +98,30 @@ __device__ __forceinline__ void load_tile(bf16* sm, const bf16* base, int t0, in
     }
 }
 
-template <int HS> static constexpr size_t fwd_smem() { return (size_t)5 * 64 * (HS + 8) * sizeof(bf16); }
-template <int HS> static constexpr size_t bwd_smem() {
-    return (size_t)6 * 64 * (HS + 8) * sizeof(bf16) + 4 * 64 * sizeof(float);
+/* Tiles: the block's own rows (queries in forward and dQ, keys in dK/dV) are
+ * 16*NW, a warp each 16; the rows it walks over come in tiles of 64. */
+template <int HS, int NW> static constexpr size_t fwd_smem() {
+    return (size_t)(16 * NW + 4 * 64) * (HS + 8) * sizeof(bf16);
+}
+template <int HS, int NW> static constexpr size_t dkdv_smem() {
+    return (size_t)(2 * 16 * NW + 4 * 64) * (HS + 8) * sizeof(bf16) + 4 * 64 * sizeof(float);
+}
+template <int HS, int NW> static constexpr size_t dq_smem() {
+    return (size_t)(2 * 16 * NW + 4 * 64) * (HS + 8) * sizeof(bf16);
 }
 
 /* ------------------------------------------------------------------------ */
 /* forward (tensor cores)                                                   */
 /* ------------------------------------------------------------------------ */
-template <int HS>
-__global__ void __launch_bounds__(128)
+template <int HS, int NW>
+__global__ void __launch_bounds__(NW * 32)
     attn_fwd_mma(bf16* out, float* lse, const bf16* qkv, int T, int NH, float sl2) {
     constexpr int LD = HS + 8;
+    constexpr int BR = 16 * NW;
+    constexpr int NT = NW * 32;
     extern __shared__ __align__(16) unsigned char smraw[];
     bf16* Qs = (bf16*)smraw;
-    bf16* Ks = Qs + 64 * LD;
+    bf16* Ks = Qs + BR * LD;
     bf16* Vs = Ks + 2 * 64 * LD;
     const int qb = gridDim.x - 1 - blockIdx.x;  /* heavy blocks first */
     const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
@@ -117,12 +129,13 @@ __global__ void __launch_bounds__(128)
     const bf16* base = qkv + (size_t)b * T * C3 + h * HS;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t4 = lane & 3;
-    const int q0 = qb * 64;
+    const int q0 = qb * BR;
+    const int qw0 = q0 + warp * 16;  /* this warp's first query */
 
-    load_tile<HS>(Qs, base, q0, T, C3);
+    load_tile<HS, BR, NT>(Qs, base, q0, T, C3);
     cp_async_commit();
-    load_tile<HS>(Ks, base + C, 0, T, C3);
-    load_tile<HS>(Vs, base + 2 * C, 0, T, C3);
+    load_tile<HS, 64, NT>(Ks, base + C, 0, T, C3);
+    load_tile<HS, 64, NT>(Vs, base + 2 * C, 0, T, C3);
     cp_async_commit();
 
     uint32_t qf[HS / 16][4];
@@ -130,14 +143,14 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
     for (int i = 0; i < HS / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
-    const int nkb = qb + 1;
-    const int qrow0 = q0 + warp * 16 + g;
+    const int nkb = (min(q0 + BR, T) - 1) / 64 + 1;
+    const int qrow0 = qw0 + g;
 
     for (int kb = 0; kb < nkb; kb++) {
         const int cur = kb & 1;
         if (kb + 1 < nkb) {
-            load_tile<HS>(Ks + (cur ^ 1) * 64 * LD, base + C, (kb + 1) * 64, T, C3);
-            load_tile<HS>(Vs + (cur ^ 1) * 64 * LD, base + 2 * C, (kb + 1) * 64, T, C3);
+            load_tile<HS, 64, NT>(Ks + (cur ^ 1) * 64 * LD, base + C, (kb + 1) * 64, T, C3);
+            load_tile<HS, 64, NT>(Vs + (cur ^ 1) * 64 * LD, base + 2 * C, (kb + 1) * 64, T, C3);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -148,73 +161,75 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
             for (int kc = 0; kc < HS / 16; kc++) frag_a<LD>(qf[kc], Qs, warp * 16, kc * 16, lane);
         }
-        const bf16* Kc = Ks + cur * 64 * LD;
-        const bf16* Vc = Vs + cur * 64 * LD;
-        float s[8][4];
+        if (kb * 64 <= qw0 + 15) {  /* else every key of this tile is in this warp's future */
+            const bf16* Kc = Ks + cur * 64 * LD;
+            const bf16* Vc = Vs + cur * 64 * LD;
+            float s[8][4];
 #pragma unroll
-        for (int j = 0; j < 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+            for (int j = 0; j < 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
-        for (int np = 0; np < 4; np++) {
+            for (int np = 0; np < 4; np++) {
 #pragma unroll
-            for (int kc = 0; kc < HS / 16; kc++) {
-                uint32_t bb[4];
-                frag_b_nmajor<LD>(bb, Kc, np * 16, kc * 16, lane);
-                mma16816(s[2 * np], qf[kc], bb[0], bb[1]);
-                mma16816(s[2 * np + 1], qf[kc], bb[2], bb[3]);
-            }
-        }
-        const bool diag = kb == qb;
-        float mx[2] = {mrow[0], mrow[1]};
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float v = s[j][e] * sl2;
-                if (diag) {
-                    int key = kb * 64 + j * 8 + 2 * t4 + (e & 1);
-                    int q = qrow0 + (e >> 1) * 8;
-                    if (key > q) v = -INFINITY;
+                for (int kc = 0; kc < HS / 16; kc++) {
+                    uint32_t bb[4];
+                    frag_b_nmajor<LD>(bb, Kc, np * 16, kc * 16, lane);
+                    mma16816(s[2 * np], qf[kc], bb[0], bb[1]);
+                    mma16816(s[2 * np + 1], qf[kc], bb[2], bb[3]);
                 }
-                s[j][e] = v;
-                mx[e >> 1] = fmaxf(mx[e >> 1], v);
             }
-        }
-        float alpha[2];
+            const bool diag = kb * 64 + 63 > qw0;
+            float mx[2] = {mrow[0], mrow[1]};
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            alpha[r] = exp2f(mrow[r] - mx[r]);
-            mrow[r] = mx[r];
-            lrow[r] *= alpha[r];
-        }
+            for (int j = 0; j < 8; j++) {
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float p = exp2f(s[j][e] - mrow[e >> 1]);
-                s[j][e] = p;
-                lrow[e >> 1] += p;
+                for (int e = 0; e < 4; e++) {
+                    float v = s[j][e] * sl2;
+                    if (diag) {
+                        int key = kb * 64 + j * 8 + 2 * t4 + (e & 1);
+                        int q = qrow0 + (e >> 1) * 8;
+                        if (key > q) v = -INFINITY;
+                    }
+                    s[j][e] = v;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], v);
+                }
             }
-        }
+            float alpha[2];
 #pragma unroll
-        for (int i = 0; i < HS / 8; i++) {
-            o[i][0] *= alpha[0];
-            o[i][1] *= alpha[0];
-            o[i][2] *= alpha[1];
-            o[i][3] *= alpha[1];
-        }
+            for (int r = 0; r < 2; r++) {
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+                alpha[r] = exp2f(mrow[r] - mx[r]);
+                mrow[r] = mx[r];
+                lrow[r] *= alpha[r];
+            }
 #pragma unroll
-        for (int kc = 0; kc < 4; kc++) {
-            uint32_t pa[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]), pack_bf16(s[2 * kc][2], s[2 * kc][3]),
-                              pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]),
-                              pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+            for (int j = 0; j < 8; j++) {
 #pragma unroll
-            for (int dp = 0; dp < HS / 16; dp++) {
-                uint32_t bb[4];
-                frag_b_kmajor<LD>(bb, Vc, kc * 16, dp * 16, lane);
-                mma16816(o[2 * dp], pa, bb[0], bb[1]);
-                mma16816(o[2 * dp + 1], pa, bb[2], bb[3]);
+                for (int e = 0; e < 4; e++) {
+                    float p = exp2f(s[j][e] - mrow[e >> 1]);
+                    s[j][e] = p;
+                    lrow[e >> 1] += p;
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < HS / 8; i++) {
+                o[i][0] *= alpha[0];
+                o[i][1] *= alpha[0];
+                o[i][2] *= alpha[1];
+                o[i][3] *= alpha[1];
+            }
+#pragma unroll
+            for (int kc = 0; kc < 4; kc++) {
+                uint32_t pa[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]), pack_bf16(s[2 * kc][2], s[2 * kc][3]),
+                                  pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                                  pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+#pragma unroll
+                for (int dp = 0; dp < HS / 16; dp++) {
+                    uint32_t bb[4];
+                    frag_b_kmajor<LD>(bb, Vc, kc * 16, dp * 16, lane);
+                    mma16816(o[2 * dp], pa, bb[0], bb[1]);
+                    mma16816(o[2 * dp + 1], pa, bb[2], bb[3]);
+                }
             }
         }
         __syncthreads();
@@ -239,16 +254,18 @@ __global__ void __launch_bounds__(128)
 /* ------------------------------------------------------------------------ */
 /* backward (tensor cores)                                                  */
 /* ------------------------------------------------------------------------ */
-/* dK, dV for one 64-key block; warp w owns keys k0 + 16w .. +15. */
-template <int HS>
-__global__ void __launch_bounds__(128)
+/* dK, dV for one block of 16*NW keys; warp w owns keys k0 + 16w .. +15. */
+template <int HS, int NW>
+__global__ void __launch_bounds__(NW * 32)
     attn_bwd_dkdv_mma(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
                       const float* Dbuf, int T, int NH, float sl2, float scale) {
     constexpr int LD = HS + 8;
+    constexpr int BK = 16 * NW;
+    constexpr int NT = NW * 32;
     extern __shared__ __align__(16) unsigned char smraw[];
     bf16* Ks = (bf16*)smraw;
-    bf16* Vs = Ks + 64 * LD;
-    bf16* Qs = Vs + 64 * LD;      /* [2][64][LD] */
+    bf16* Vs = Ks + BK * LD;
+    bf16* Qs = Vs + BK * LD;      /* [2][64][LD] */
     bf16* dOs = Qs + 2 * 64 * LD; /* [2][64][LD] */
     float* lse_s = (float*)(dOs + 2 * 64 * LD); /* [2][64], log2 units */
     float* D_s = lse_s + 2 * 64;                /* [2][64] */
@@ -261,16 +278,18 @@ __global__ void __launch_bounds__(128)
     const float* D_bh = Dbuf + (size_t)bh * T;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t4 = lane & 3;
-    const int k0 = kb * 64;
+    const int k0 = kb * BK;
+    const int kw0 = k0 + warp * 16;  /* this warp's first key */
     const int nqb = (T + 63) / 64;
+    const int qb0 = k0 / 64;
 
-    load_tile<HS>(Ks, base + C, k0, T, C3);
-    load_tile<HS>(Vs, base + 2 * C, k0, T, C3);
-    load_tile<HS>(Qs, base, kb * 64, T, C3);
-    load_tile<HS>(dOs, obase, kb * 64, T, C);
+    load_tile<HS, BK, NT>(Ks, base + C, k0, T, C3);
+    load_tile<HS, BK, NT>(Vs, base + 2 * C, k0, T, C3);
+    load_tile<HS, 64, NT>(Qs, base, qb0 * 64, T, C3);
+    load_tile<HS, 64, NT>(dOs, obase, qb0 * 64, T, C);
     cp_async_commit();
     if (threadIdx.x < 64) {
-        int q = kb * 64 + threadIdx.x;
+        int q = qb0 * 64 + threadIdx.x;
         lse_s[threadIdx.x] = q < T ? lse_bh[q] * LOG2E : INFINITY;
         D_s[threadIdx.x] = q < T ? D_bh[q] : 0.0f;
     }
@@ -280,13 +299,13 @@ __global__ void __launch_bounds__(128)
     for (int i = 0; i < HS / 8; i++)
 #pragma unroll
         for (int e = 0; e < 4; e++) dk[i][e] = dv[i][e] = 0.0f;
-    const int keyrow0 = k0 + warp * 16 + g;
+    const int keyrow0 = kw0 + g;
 
-    for (int qb = kb; qb < nqb; qb++) {
-        const int cur = (qb - kb) & 1;
+    for (int qb = qb0; qb < nqb; qb++) {
+        const int cur = (qb - qb0) & 1;
         if (qb + 1 < nqb) {
-            load_tile<HS>(Qs + (cur ^ 1) * 64 * LD, base, (qb + 1) * 64, T, C3);
-            load_tile<HS>(dOs + (cur ^ 1) * 64 * LD, obase, (qb + 1) * 64, T, C);
+            load_tile<HS, 64, NT>(Qs + (cur ^ 1) * 64 * LD, base, (qb + 1) * 64, T, C3);
+            load_tile<HS, 64, NT>(dOs + (cur ^ 1) * 64 * LD, obase, (qb + 1) * 64, T, C);
             cp_async_commit();
             if (threadIdx.x < 64) {
                 int q = (qb + 1) * 64 + threadIdx.x;
@@ -298,66 +317,68 @@ __global__ void __launch_bounds__(128)
             cp_async_wait<0>();
         }
         __syncthreads();
-        const bf16* Qc = Qs + cur * 64 * LD;
-        const bf16* dOc = dOs + cur * 64 * LD;
-        const float* lsec = lse_s + cur * 64;
-        const float* Dc = D_s + cur * 64;
+        if (qb * 64 + 63 >= kw0) {  /* else every query of this tile precedes this warp's keys */
+            const bf16* Qc = Qs + cur * 64 * LD;
+            const bf16* dOc = dOs + cur * 64 * LD;
+            const float* lsec = lse_s + cur * 64;
+            const float* Dc = D_s + cur * 64;
 
-        /* S^T = K_w Q^T (16 keys x 64 queries) and dP^T = V_w dO^T */
-        float s[8][4], dp[8][4];
+            /* S^T = K_w Q^T (16 keys x 64 queries) and dP^T = V_w dO^T */
+            float s[8][4], dp[8][4];
 #pragma unroll
-        for (int j = 0; j < 8; j++)
+            for (int j = 0; j < 8; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) s[j][e] = dp[j][e] = 0.0f;
+                for (int e = 0; e < 4; e++) s[j][e] = dp[j][e] = 0.0f;
 #pragma unroll
-        for (int kc = 0; kc < HS / 16; kc++) {
-            uint32_t ka[4], va[4];
-            frag_a<LD>(ka, Ks, warp * 16, kc * 16, lane);
-            frag_a<LD>(va, Vs, warp * 16, kc * 16, lane);
+            for (int kc = 0; kc < HS / 16; kc++) {
+                uint32_t ka[4], va[4];
+                frag_a<LD>(ka, Ks, warp * 16, kc * 16, lane);
+                frag_a<LD>(va, Vs, warp * 16, kc * 16, lane);
 #pragma unroll
-            for (int np = 0; np < 4; np++) {
-                uint32_t bq[4], bo[4];
-                frag_b_nmajor<LD>(bq, Qc, np * 16, kc * 16, lane);
-                frag_b_nmajor<LD>(bo, dOc, np * 16, kc * 16, lane);
-                mma16816(s[2 * np], ka, bq[0], bq[1]);
-                mma16816(s[2 * np + 1], ka, bq[2], bq[3]);
-                mma16816(dp[2 * np], va, bo[0], bo[1]);
-                mma16816(dp[2 * np + 1], va, bo[2], bo[3]);
-            }
-        }
-        const bool diag = qb == kb;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int qi = j * 8 + 2 * t4 + (e & 1);
-                float p = exp2f(s[j][e] * sl2 - lsec[qi]);
-                if (diag) {
-                    int key = keyrow0 + (e >> 1) * 8;
-                    if (qb * 64 + qi < key) p = 0.0f;
+                for (int np = 0; np < 4; np++) {
+                    uint32_t bq[4], bo[4];
+                    frag_b_nmajor<LD>(bq, Qc, np * 16, kc * 16, lane);
+                    frag_b_nmajor<LD>(bo, dOc, np * 16, kc * 16, lane);
+                    mma16816(s[2 * np], ka, bq[0], bq[1]);
+                    mma16816(s[2 * np + 1], ka, bq[2], bq[3]);
+                    mma16816(dp[2 * np], va, bo[0], bo[1]);
+                    mma16816(dp[2 * np + 1], va, bo[2], bo[3]);
                 }
-                s[j][e] = p;
-                dp[j][e] = p * (dp[j][e] - Dc[qi]);  /* dS^T */
             }
-        }
-        /* dV += P^T dO ; dK += dS^T Q (k-dim = queries) */
+            const bool diag = qb * 64 < kw0 + 15;
 #pragma unroll
-        for (int kc = 0; kc < 4; kc++) {
-            uint32_t pa[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]), pack_bf16(s[2 * kc][2], s[2 * kc][3]),
-                              pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]),
-                              pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
-            uint32_t da[4] = {pack_bf16(dp[2 * kc][0], dp[2 * kc][1]), pack_bf16(dp[2 * kc][2], dp[2 * kc][3]),
-                              pack_bf16(dp[2 * kc + 1][0], dp[2 * kc + 1][1]),
-                              pack_bf16(dp[2 * kc + 1][2], dp[2 * kc + 1][3])};
+            for (int j = 0; j < 8; j++) {
 #pragma unroll
-            for (int dd = 0; dd < HS / 16; dd++) {
-                uint32_t bo[4], bq[4];
-                frag_b_kmajor<LD>(bo, dOc, kc * 16, dd * 16, lane);
-                frag_b_kmajor<LD>(bq, Qc, kc * 16, dd * 16, lane);
-                mma16816(dv[2 * dd], pa, bo[0], bo[1]);
-                mma16816(dv[2 * dd + 1], pa, bo[2], bo[3]);
-                mma16816(dk[2 * dd], da, bq[0], bq[1]);
-                mma16816(dk[2 * dd + 1], da, bq[2], bq[3]);
+                for (int e = 0; e < 4; e++) {
+                    int qi = j * 8 + 2 * t4 + (e & 1);
+                    float p = exp2f(s[j][e] * sl2 - lsec[qi]);
+                    if (diag) {
+                        int key = keyrow0 + (e >> 1) * 8;
+                        if (qb * 64 + qi < key) p = 0.0f;
+                    }
+                    s[j][e] = p;
+                    dp[j][e] = p * (dp[j][e] - Dc[qi]);  /* dS^T */
+                }
+            }
+            /* dV += P^T dO ; dK += dS^T Q (k-dim = queries) */
+#pragma unroll
+            for (int kc = 0; kc < 4; kc++) {
+                uint32_t pa[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]), pack_bf16(s[2 * kc][2], s[2 * kc][3]),
+                                  pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                                  pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+                uint32_t da[4] = {pack_bf16(dp[2 * kc][0], dp[2 * kc][1]), pack_bf16(dp[2 * kc][2], dp[2 * kc][3]),
+                                  pack_bf16(dp[2 * kc + 1][0], dp[2 * kc + 1][1]),
+                                  pack_bf16(dp[2 * kc + 1][2], dp[2 * kc + 1][3])};
+#pragma unroll
+                for (int dd = 0; dd < HS / 16; dd++) {
+                    uint32_t bo[4], bq[4];
+                    frag_b_kmajor<LD>(bo, dOc, kc * 16, dd * 16, lane);
+                    frag_b_kmajor<LD>(bq, Qc, kc * 16, dd * 16, lane);
+                    mma16816(dv[2 * dd], pa, bo[0], bo[1]);
+                    mma16816(dv[2 * dd + 1], pa, bo[2], bo[3]);
+                    mma16816(dk[2 * dd], da, bq[0], bq[1]);
+                    mma16816(dk[2 * dd + 1], da, bq[2], bq[3]);
+                }
             }
         }
         __syncthreads();
@@ -377,16 +398,18 @@ __global__ void __launch_bounds__(128)
     }
 }
 
-/* dQ for one 64-query block; warp w owns queries q0 + 16w .. +15. */
-template <int HS>
-__global__ void __launch_bounds__(128)
+/* dQ for one block of 16*NW queries; warp w owns queries q0 + 16w .. +15. */
+template <int HS, int NW>
+__global__ void __launch_bounds__(NW * 32)
     attn_bwd_dq_mma(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
                     const float* Dbuf, int T, int NH, float sl2, float scale) {
     constexpr int LD = HS + 8;
+    constexpr int BR = 16 * NW;
+    constexpr int NT = NW * 32;
     extern __shared__ __align__(16) unsigned char smraw[];
     bf16* Qs = (bf16*)smraw;
-    bf16* dOs = Qs + 64 * LD;
-    bf16* Ks = dOs + 64 * LD; /* [2][64][LD] */
+    bf16* dOs = Qs + BR * LD;
+    bf16* Ks = dOs + BR * LD; /* [2][64][LD] */
     bf16* Vs = Ks + 2 * 64 * LD;
     const int qb = gridDim.x - 1 - blockIdx.x;
     const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
@@ -395,14 +418,15 @@ __global__ void __launch_bounds__(128)
     const bf16* obase = dout + (size_t)b * T * C + h * HS;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t4 = lane & 3;
-    const int q0 = qb * 64;
-    const int qrow0 = q0 + warp * 16 + g;
+    const int q0 = qb * BR;
+    const int qw0 = q0 + warp * 16;
+    const int qrow0 = qw0 + g;
 
-    load_tile<HS>(Qs, base, q0, T, C3);
-    load_tile<HS>(dOs, obase, q0, T, C);
+    load_tile<HS, BR, NT>(Qs, base, q0, T, C3);
+    load_tile<HS, BR, NT>(dOs, obase, q0, T, C);
     cp_async_commit();
-    load_tile<HS>(Ks, base + C, 0, T, C3);
-    load_tile<HS>(Vs, base + 2 * C, 0, T, C3);
+    load_tile<HS, 64, NT>(Ks, base + C, 0, T, C3);
+    load_tile<HS, 64, NT>(Vs, base + 2 * C, 0, T, C3);
     cp_async_commit();
 
     float lse2[2], Dr[2];
@@ -416,13 +440,13 @@ __global__ void __launch_bounds__(128)
     float dq[HS / 8][4];
 #pragma unroll
     for (int i = 0; i < HS / 8; i++) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
-    const int nkb = qb + 1;
+    const int nkb = (min(q0 + BR, T) - 1) / 64 + 1;
 
     for (int kb = 0; kb < nkb; kb++) {
         const int cur = kb & 1;
         if (kb + 1 < nkb) {
-            load_tile<HS>(Ks + (cur ^ 1) * 64 * LD, base + C, (kb + 1) * 64, T, C3);
-            load_tile<HS>(Vs + (cur ^ 1) * 64 * LD, base + 2 * C, (kb + 1) * 64, T, C3);
+            load_tile<HS, 64, NT>(Ks + (cur ^ 1) * 64 * LD, base + C, (kb + 1) * 64, T, C3);
+            load_tile<HS, 64, NT>(Vs + (cur ^ 1) * 64 * LD, base + 2 * C, (kb + 1) * 64, T, C3);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -436,50 +460,52 @@ __global__ void __launch_bounds__(128)
                 frag_a<LD>(of[kc], dOs, warp * 16, kc * 16, lane);
             }
         }
-        const bf16* Kc = Ks + cur * 64 * LD;
-        const bf16* Vc = Vs + cur * 64 * LD;
-        float s[8][4], dp[8][4];
+        if (kb * 64 <= qw0 + 15) {
+            const bf16* Kc = Ks + cur * 64 * LD;
+            const bf16* Vc = Vs + cur * 64 * LD;
+            float s[8][4], dp[8][4];
 #pragma unroll
-        for (int j = 0; j < 8; j++)
+            for (int j = 0; j < 8; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) s[j][e] = dp[j][e] = 0.0f;
+                for (int e = 0; e < 4; e++) s[j][e] = dp[j][e] = 0.0f;
 #pragma unroll
-        for (int np = 0; np < 4; np++) {
+            for (int np = 0; np < 4; np++) {
 #pragma unroll
-            for (int kc = 0; kc < HS / 16; kc++) {
-                uint32_t bk[4], bv[4];
-                frag_b_nmajor<LD>(bk, Kc, np * 16, kc * 16, lane);
-                frag_b_nmajor<LD>(bv, Vc, np * 16, kc * 16, lane);
-                mma16816(s[2 * np], qf[kc], bk[0], bk[1]);
-                mma16816(s[2 * np + 1], qf[kc], bk[2], bk[3]);
-                mma16816(dp[2 * np], of[kc], bv[0], bv[1]);
-                mma16816(dp[2 * np + 1], of[kc], bv[2], bv[3]);
-            }
-        }
-        const bool diag = kb == qb;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float p = exp2f(s[j][e] * sl2 - lse2[e >> 1]);
-                if (diag) {
-                    int key = kb * 64 + j * 8 + 2 * t4 + (e & 1);
-                    if (key > qrow0 + (e >> 1) * 8) p = 0.0f;
+                for (int kc = 0; kc < HS / 16; kc++) {
+                    uint32_t bk[4], bv[4];
+                    frag_b_nmajor<LD>(bk, Kc, np * 16, kc * 16, lane);
+                    frag_b_nmajor<LD>(bv, Vc, np * 16, kc * 16, lane);
+                    mma16816(s[2 * np], qf[kc], bk[0], bk[1]);
+                    mma16816(s[2 * np + 1], qf[kc], bk[2], bk[3]);
+                    mma16816(dp[2 * np], of[kc], bv[0], bv[1]);
+                    mma16816(dp[2 * np + 1], of[kc], bv[2], bv[3]);
                 }
-                dp[j][e] = p * (dp[j][e] - Dr[e >> 1]);  /* dS */
             }
-        }
+            const bool diag = kb * 64 + 63 > qw0;
 #pragma unroll
-        for (int kc = 0; kc < 4; kc++) {
-            uint32_t da[4] = {pack_bf16(dp[2 * kc][0], dp[2 * kc][1]), pack_bf16(dp[2 * kc][2], dp[2 * kc][3]),
-                              pack_bf16(dp[2 * kc + 1][0], dp[2 * kc + 1][1]),
-                              pack_bf16(dp[2 * kc + 1][2], dp[2 * kc + 1][3])};
+            for (int j = 0; j < 8; j++) {
 #pragma unroll
-            for (int dd = 0; dd < HS / 16; dd++) {
-                uint32_t bk[4];
-                frag_b_kmajor<LD>(bk, Kc, kc * 16, dd * 16, lane);
-                mma16816(dq[2 * dd], da, bk[0], bk[1]);
-                mma16816(dq[2 * dd + 1], da, bk[2], bk[3]);
+                for (int e = 0; e < 4; e++) {
+                    float p = exp2f(s[j][e] * sl2 - lse2[e >> 1]);
+                    if (diag) {
+                        int key = kb * 64 + j * 8 + 2 * t4 + (e & 1);
+                        if (key > qrow0 + (e >> 1) * 8) p = 0.0f;
+                    }
+                    dp[j][e] = p * (dp[j][e] - Dr[e >> 1]);  /* dS */
+                }
+            }
+#pragma unroll
+            for (int kc = 0; kc < 4; kc++) {
+                uint32_t da[4] = {pack_bf16(dp[2 * kc][0], dp[2 * kc][1]), pack_bf16(dp[2 * kc][2], dp[2 * kc][3]),
+                                  pack_bf16(dp[2 * kc + 1][0], dp[2 * kc + 1][1]),
+                                  pack_bf16(dp[2 * kc + 1][2], dp[2 * kc + 1][3])};
+#pragma unroll
+                for (int dd = 0; dd < HS / 16; dd++) {
+                    uint32_t bk[4];
+                    frag_b_kmajor<LD>(bk, Kc, kc * 16, dd * 16, lane);
+                    mma16816(dq[2 * dd], da, bk[0], bk[1]);
+                    mma16816(dq[2 * dd + 1], da, bk[2], bk[3]);
+                }
             }
         }
         __syncthreads();
@@ -686,14 +712,53 @@ __global__ void attn_bwd_dkdv_generic(T* dqkv, const T* dout, const T* qkv, cons
 /* ------------------------------------------------------------------------ */
 /* dispatch                                                                 */
 /* ------------------------------------------------------------------------ */
+/* Tile configuration: warps per block of the forward, dK/dV and dQ kernels
+ * (4 or 8 each: 64 or 128 own rows a block). Default 8,8,8; the environment
+ * variable GPT2_CUDA_ATTN="fwd,dkdv,dq" overrides it (for benchmarking). */
+template <int HS, int NW> static void attn_set_smem() {
+    CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_mma<HS, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fwd_smem<HS, NW>()));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dkdv_mma<HS, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dkdv_smem<HS, NW>()));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dq_mma<HS, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dq_smem<HS, NW>()));
+}
+
 void cuda_attention_init(Backend* be) {
-    (void)be;
-    CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_mma<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fwd_smem<64>()));
-    CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_mma<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fwd_smem<128>()));
-    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dkdv_mma<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bwd_smem<64>()));
-    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dkdv_mma<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bwd_smem<128>()));
-    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dq_mma<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bwd_smem<64>()));
-    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dq_mma<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bwd_smem<128>()));
+    CudaCtx* c = cuda_ctx(be);
+    c->attn_nw[0] = c->attn_nw[1] = c->attn_nw[2] = 8;
+    const char* env = getenv("GPT2_CUDA_ATTN");
+    if (env && *env) {
+        int a, b2, d;
+        if (sscanf(env, "%d,%d,%d", &a, &b2, &d) != 3 || (a != 4 && a != 8) || (b2 != 4 && b2 != 8) ||
+            (d != 4 && d != 8))
+            fatal("GPT2_CUDA_ATTN='%s': expected three warp counts, each 4 or 8, e.g. 8,8,4", env);
+        c->attn_nw[0] = a;
+        c->attn_nw[1] = b2;
+        c->attn_nw[2] = d;
+    }
+    attn_set_smem<64, 4>();
+    attn_set_smem<64, 8>();
+    attn_set_smem<128, 4>();
+    attn_set_smem<128, 8>();
+}
+
+template <int HS, int NW>
+static void attn_fwd_launch(cudaStream_t st, bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, float sl2) {
+    dim3 grid((T + 16 * NW - 1) / (16 * NW), B * NH);
+    attn_fwd_mma<HS, NW><<<grid, NW * 32, fwd_smem<HS, NW>(), st>>>(out, lse, qkv, T, NH, sl2);
+    LAUNCH_CHECK();
+}
+template <int HS, int NW>
+static void attn_dkdv_launch(cudaStream_t st, bf16* dq, const bf16* d, const bf16* q, const float* lse,
+                             const float* Dbuf, int B, int T, int NH, float sl2, float scale) {
+    dim3 grid((T + 16 * NW - 1) / (16 * NW), B * NH);
+    attn_bwd_dkdv_mma<HS, NW><<<grid, NW * 32, dkdv_smem<HS, NW>(), st>>>(dq, d, q, lse, Dbuf, T, NH, sl2, scale);
+    LAUNCH_CHECK();
+}
+template <int HS, int NW>
+static void attn_dq_launch(cudaStream_t st, bf16* dq, const bf16* d, const bf16* q, const float* lse,
+                           const float* Dbuf, int B, int T, int NH, float sl2, float scale) {
+    dim3 grid((T + 16 * NW - 1) / (16 * NW), B * NH);
+    attn_bwd_dq_mma<HS, NW><<<grid, NW * 32, dq_smem<HS, NW>(), st>>>(dq, d, q, lse, Dbuf, T, NH, sl2, scale);
+    LAUNCH_CHECK();
 }
 
 static void attn_check(int T, int C, int NH, const char* what) {
@@ -715,11 +780,18 @@ void cuda_attention_forward(Backend* be, void* out, float* lse, const void* qkv,
     int HS = C / NH;
     float scale = 1.0f / sqrtf((float)HS);
     if (use_mma(be, HS, out, qkv, nullptr)) {
-        dim3 grid((T + 63) / 64, B * NH);
-        if (HS == 64)
-            attn_fwd_mma<64><<<grid, 128, fwd_smem<64>(), st>>>((bf16*)out, lse, (const bf16*)qkv, T, NH, scale * LOG2E);
-        else
-            attn_fwd_mma<128><<<grid, 128, fwd_smem<128>(), st>>>((bf16*)out, lse, (const bf16*)qkv, T, NH, scale * LOG2E);
+        const int nw = cuda_ctx(be)->attn_nw[0];
+        bf16* o = (bf16*)out;
+        const bf16* q = (const bf16*)qkv;
+        float sl2 = scale * LOG2E;
+        if (HS == 64) {
+            if (nw == 8) attn_fwd_launch<64, 8>(st, o, lse, q, B, T, NH, sl2);
+            else attn_fwd_launch<64, 4>(st, o, lse, q, B, T, NH, sl2);
+        } else {
+            if (nw == 8) attn_fwd_launch<128, 8>(st, o, lse, q, B, T, NH, sl2);
+            else attn_fwd_launch<128, 4>(st, o, lse, q, B, T, NH, sl2);
+        }
+        return;
     } else {
         unsigned grid = cdiv((size_t)B * NH * T, GW);
         if (be->dtype == DTYPE_BF16)
@@ -745,20 +817,22 @@ void cuda_attention_backward(Backend* be, void* dqkv, const void* dout, const vo
         attn_bwd_pre<float><<<cdiv(rows, 8), 256, 0, st>>>(Dbuf, (const float*)dout, (const float*)out, B, T, NH, HS);
     LAUNCH_CHECK();
     if (use_mma(be, HS, dqkv, qkv, dout)) {
-        dim3 grid((T + 63) / 64, B * NH);
+        const int nw1 = cuda_ctx(be)->attn_nw[1], nw2 = cuda_ctx(be)->attn_nw[2];
         const bf16* q = (const bf16*)qkv;
         const bf16* d = (const bf16*)dout;
         bf16* dq = (bf16*)dqkv;
+        float sl2 = scale * LOG2E;
         if (HS == 64) {
-            attn_bwd_dkdv_mma<64><<<grid, 128, bwd_smem<64>(), st>>>(dq, d, q, lse, Dbuf, T, NH, scale * LOG2E, scale);
-            LAUNCH_CHECK();
-            attn_bwd_dq_mma<64><<<grid, 128, bwd_smem<64>(), st>>>(dq, d, q, lse, Dbuf, T, NH, scale * LOG2E, scale);
+            if (nw1 == 8) attn_dkdv_launch<64, 8>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
+            else attn_dkdv_launch<64, 4>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
+            if (nw2 == 8) attn_dq_launch<64, 8>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
+            else attn_dq_launch<64, 4>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
         } else {
-            attn_bwd_dkdv_mma<128><<<grid, 128, bwd_smem<128>(), st>>>(dq, d, q, lse, Dbuf, T, NH, scale * LOG2E, scale);
-            LAUNCH_CHECK();
-            attn_bwd_dq_mma<128><<<grid, 128, bwd_smem<128>(), st>>>(dq, d, q, lse, Dbuf, T, NH, scale * LOG2E, scale);
+            if (nw1 == 8) attn_dkdv_launch<128, 8>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
+            else attn_dkdv_launch<128, 4>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
+            if (nw2 == 8) attn_dq_launch<128, 8>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
+            else attn_dq_launch<128, 4>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
         }
-        LAUNCH_CHECK();
     } else {
         unsigned grid = cdiv(rows, GW);
         if (be->dtype == DTYPE_BF16) {

@@ -67,6 +67,9 @@ struct CudaCtx {
     int nchunks;
     double* dev_sumsq;      /* partial sums [nchunks] + result */
     size_t dev_sumsq_bytes;
+    /* attention tensor-core kernels: warps a block (4 or 8) of the forward,
+     * dK/dV and dQ kernels (attention.cu) */
+    int attn_nw[3];
 };
 
 static inline CudaCtx* cuda_ctx(Backend* be) { return (CudaCtx*)be->ctx; }

@@ -5,10 +5,9 @@
  *    summing b in order.
  *  - dwte: the B*T token ids are sorted with their positions (CUB's stable
  *    radix sort: equal ids keep position order), so each run of equal ids is
- *    one vocabulary row. The thread block at the first position of a run owns
- *    that dwte row: its warps sum the run's dout rows (warp w takes rows w,
- *    w+16, ...), the warps' sums are added in warp order, and the row is
- *    accumulated once. Same inputs, same order, same bits. */
+ *    one vocabulary row; runs are summed in fixed chunks of the sorted array
+ *    and the pieces of long runs added in chunk order (enc_dwte_phase_a/b).
+ *    Same inputs, same order, same bits. */
 #include "common.cuh"
 
 #include <cub/cub.cuh>
@@ -86,50 +85,123 @@ __global__ void iota_kernel(int* p, int n) {
     if (i < n) p[i] = i;
 }
 
-#define ENC_WARPS 16
+/* dwte from the sorted (id, position) pairs. The sorted array is cut into
+ * chunks of ENC_R positions, a warp per chunk (phase A). A run of equal ids
+ * that lies inside one chunk is summed (positions in order) and added to its
+ * dwte row by that warp alone. A run that crosses chunk boundaries is summed
+ * piecewise: the chunk where it starts leaves its part in part_last[chunk]
+ * and raises owner[chunk]; every later chunk that the run reaches leaves its
+ * leading part in part_first[chunk]. Phase B: the owner chunk's warp adds its
+ * part and the following chunks' parts in chunk order, then accumulates the
+ * row once. Every row gets its terms in one fixed order: deterministic, and
+ * a very frequent token is spread over many warps. */
+#define ENC_R 32
+#define ENC_WARPS 8
 
 template <typename T, int V, int NCH>
 __global__ void __launch_bounds__(ENC_WARPS * 32)
-    enc_dwte_kernel(T* dwte, const T* dout, const int* keys, const int* pos, int BT, int C) {
-    extern __shared__ float red[];  /* [C] */
-    int i = blockIdx.x;
-    int key = keys[i];
-    if (i > 0 && keys[i - 1] == key) return;  /* not the first of its run */
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    float acc[NCH][V];
+    enc_dwte_phase_a(T* dwte, float* part_first, float* part_last, int* owner, const T* dout,
+                     const int* keys, const int* pos, int BT, int C) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int chunk = blockIdx.x * ENC_WARPS + warp;
+    const int start = chunk * ENC_R;
+    if (start >= BT) return;
+    const int end = min(BT, start + ENC_R);
+    int own = 0;
+    int i = start;
+    while (i < end) {
+        const int key = keys[i];
+        float acc[NCH][V];
 #pragma unroll
-    for (int j = 0; j < NCH; j++)
+        for (int j = 0; j < NCH; j++)
 #pragma unroll
-        for (int k = 0; k < V; k++) acc[j][k] = 0.0f;
-    for (int r = i + warp; r < BT && keys[r] == key; r += ENC_WARPS) {
-        const T* row = dout + (size_t)pos[r] * C;
-#pragma unroll
-        for (int j = 0; j < NCH; j++) {
-            int c = (j * 32 + lane) * V;
-            if (c < C) {
-                float x[V];
-                load_vec<V>(x, row + c);
-#pragma unroll
-                for (int k = 0; k < V; k++) acc[j][k] += x[k];
-            }
-        }
-    }
-    /* add the warps' sums in warp order */
-    for (int w = 0; w < ENC_WARPS; w++) {
-        if (warp == w) {
+            for (int k = 0; k < V; k++) acc[j][k] = 0.0f;
+        int r = i;
+        for (; r < end && keys[r] == key; r++) {
+            const T* row = dout + (size_t)pos[r] * C;
 #pragma unroll
             for (int j = 0; j < NCH; j++) {
                 int c = (j * 32 + lane) * V;
                 if (c < C) {
+                    float x[V];
+                    load_vec<V>(x, row + c);
 #pragma unroll
-                    for (int k = 0; k < V; k++) red[c + k] = (w == 0 ? 0.0f : red[c + k]) + acc[j][k];
+                    for (int k = 0; k < V; k++) acc[j][k] += x[k];
                 }
             }
         }
-        __syncthreads();
+        const bool before = i == start && start > 0 && keys[start - 1] == key;
+        const bool after = r == end && end < BT && keys[end] == key;
+        float* dst = nullptr;
+        if (before) dst = part_first + (size_t)chunk * C;
+        else if (after) {
+            dst = part_last + (size_t)chunk * C;
+            own = 1;
+        }
+#pragma unroll
+        for (int j = 0; j < NCH; j++) {
+            int c = (j * 32 + lane) * V;
+            if (c < C) {
+                if (dst) {
+#pragma unroll
+                    for (int k = 0; k < V; k++) dst[c + k] = acc[j][k];
+                } else {
+                    T* w = dwte + (size_t)key * C + c;
+                    float cur[V];
+                    load_vec<V>(cur, w);
+#pragma unroll
+                    for (int k = 0; k < V; k++) cur[k] += acc[j][k];
+                    store_vec<V>(w, cur);
+                }
+            }
+        }
+        i = r;
     }
-    T* dst = dwte + (size_t)key * C;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) dst[c] = from_f<T>(to_f<T>(dst[c]) + red[c]);
+    if (lane == 0) owner[chunk] = own;
+}
+
+template <typename T, int V, int NCH>
+__global__ void __launch_bounds__(ENC_WARPS * 32)
+    enc_dwte_phase_b(T* dwte, const float* part_first, const float* part_last, const int* owner,
+                     const int* keys, int BT, int C, int nchunks) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int chunk = blockIdx.x * ENC_WARPS + warp;
+    if (chunk >= nchunks || !owner[chunk]) return;
+    const int end = min(BT, chunk * ENC_R + ENC_R);
+    const int key = keys[end - 1];
+    float acc[NCH][V];
+#pragma unroll
+    for (int j = 0; j < NCH; j++) {
+        int c = (j * 32 + lane) * V;
+#pragma unroll
+        for (int k = 0; k < V; k++) acc[j][k] = c < C ? part_last[(size_t)chunk * C + c + k] : 0.0f;
+    }
+    for (int c2 = chunk + 1; c2 < nchunks; c2++) {
+        const int s2 = c2 * ENC_R;
+        if (keys[s2] != key) break;
+#pragma unroll
+        for (int j = 0; j < NCH; j++) {
+            int c = (j * 32 + lane) * V;
+            if (c < C) {
+#pragma unroll
+                for (int k = 0; k < V; k++) acc[j][k] += part_first[(size_t)c2 * C + c + k];
+            }
+        }
+        const int e2 = min(BT, s2 + ENC_R);
+        if (keys[e2 - 1] != key) break;  /* the run ends inside chunk c2 */
+    }
+#pragma unroll
+    for (int j = 0; j < NCH; j++) {
+        int c = (j * 32 + lane) * V;
+        if (c < C) {
+            T* w = dwte + (size_t)key * C + c;
+            float cur[V];
+            load_vec<V>(cur, w);
+#pragma unroll
+            for (int k = 0; k < V; k++) cur[k] += acc[j][k];
+            store_vec<V>(w, cur);
+        }
+    }
 }
 
 static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
@@ -158,24 +230,37 @@ static void enc_bwd(Backend* be, T* dwte, T* dwpe, const T* dout, const int* inp
     CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, (const int*)nullptr,
                                                (int*)nullptr, (const int*)nullptr, (int*)nullptr,
                                                BT, 0, 32, st));
+    const int nchunks = (BT + ENC_R - 1) / ENC_R;
     size_t ib = align256((size_t)BT * sizeof(int));
-    char* s = (char*)cuda_scratch(be, 3 * ib + align256(temp_bytes));
+    size_t pb = align256((size_t)nchunks * C * sizeof(float));
+    size_t ob = align256((size_t)nchunks * sizeof(int));
+    char* s = (char*)cuda_scratch(be, 3 * ib + 2 * pb + ob + align256(temp_bytes));
     int* keys_out = (int*)s;
     int* vals_in = (int*)(s + ib);
     int* vals_out = (int*)(s + 2 * ib);
-    void* temp = s + 3 * ib;
+    float* part_first = (float*)(s + 3 * ib);
+    float* part_last = (float*)(s + 3 * ib + pb);
+    int* owner = (int*)(s + 3 * ib + 2 * pb);
+    void* temp = s + 3 * ib + 2 * pb + ob;
     iota_kernel<<<cdiv(BT, 256), 256, 0, st>>>(vals_in, BT);
     LAUNCH_CHECK();
     CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, inp, keys_out, vals_in, vals_out,
                                                BT, 0, 32, st));
-    size_t smem = (size_t)C * sizeof(float);
+    unsigned grid = cdiv(nchunks, ENC_WARPS);
+    auto launch = [&](auto a, auto b) {
+        a<<<grid, ENC_WARPS * 32, 0, st>>>(dwte, part_first, part_last, owner, dout, keys_out,
+                                            vals_out, BT, C);
+        LAUNCH_CHECK();
+        b<<<grid, ENC_WARPS * 32, 0, st>>>(dwte, part_first, part_last, owner, keys_out, BT, C,
+                                            nchunks);
+        LAUNCH_CHECK();
+    };
     bool ok;
     if (vec) {
         ok = dispatch_nch<VV>(C, [&](auto nch) {
             constexpr int NCH = decltype(nch)::value;
             if constexpr (NCH * VV <= 64) {
-                enc_dwte_kernel<T, VV, NCH><<<BT, ENC_WARPS * 32, smem, st>>>(dwte, dout, keys_out,
-                                                                              vals_out, BT, C);
+                launch(enc_dwte_phase_a<T, VV, NCH>, enc_dwte_phase_b<T, VV, NCH>);
                 return true;
             } else {
                 return false;
@@ -184,13 +269,11 @@ static void enc_bwd(Backend* be, T* dwte, T* dwpe, const T* dout, const int* inp
     } else {
         ok = dispatch_nch<1>(C, [&](auto nch) {
             constexpr int NCH = decltype(nch)::value;
-            enc_dwte_kernel<T, 1, NCH><<<BT, ENC_WARPS * 32, smem, st>>>(dwte, dout, keys_out,
-                                                                        vals_out, BT, C);
+            launch(enc_dwte_phase_a<T, 1, NCH>, enc_dwte_phase_b<T, 1, NCH>);
             return true;
         });
     }
     if (!ok) fatal("encoder_backward: C=%d is larger than the CUDA backend supports (2048)", C);
-    LAUNCH_CHECK();
 }
 
 void cuda_encoder_backward(Backend* be, void* dwte, void* dwpe, const void* dout, const int* inp,

@@ -7,10 +7,10 @@
  *
  * Backward: dinp += ...; dw, db accumulate deterministically: a fixed grid
  * (occupancy-sized, the same on every run of a device) of blocks, each warp
- * walking rows with a fixed stride and summing its dw/db terms in registers;
- * the warps of a block are added in warp order into a per-block fp32 partial
- * row; a second kernel sums the partials over blocks in a fixed order and
- * adds the result into dw and db. */
+ * walking rows with a fixed stride and summing its dw/db terms into its own
+ * shared-memory slice; the warps of a block are added in warp order into a
+ * per-block fp32 partial row; a second kernel sums the partials over blocks
+ * in a fixed order and adds the result into dw and db. */
 #include "common.cuh"
 
 #define LN_WARPS 8
@@ -134,81 +134,99 @@ void cuda_residual_layernorm_forward(Backend* be, void* residual, void* out, flo
 }
 
 /* ---- backward ---- */
+/* A block of LN_BWD_WARPS warps; each warp walks rows with a fixed stride.
+ * Each warp's dw/db sums live in its own slice of shared memory (not in
+ * registers: that kept 150 registers a thread and one block a multiprocessor);
+ * the next row's inputs are loaded before the current row's reductions. */
+#define LN_BWD_WARPS 4
+
 template <typename T, int V, int NCH>
-__global__ void __launch_bounds__(LN_WARPS * 32)
+__global__ void __launch_bounds__(LN_BWD_WARPS * 32)
     ln_bwd_kernel(T* dinp, float* partial, const T* dout, const T* inp, const T* w,
                   const float* mean, const float* rstd, int N, int C) {
-    extern __shared__ float red[];  /* [2*C] */
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    float wv[NCH][V], dw[NCH][V], db[NCH][V];
+    extern __shared__ float acc[];  /* [LN_BWD_WARPS][2][C] */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    float* myw = acc + (size_t)warp * 2 * C;
+    float* myb = myw + C;
+    float wv[NCH][V];
 #pragma unroll
     for (int j = 0; j < NCH; j++) {
         int c = (j * 32 + lane) * V;
-        if (c < C) load_vec<V>(wv[j], w + c);
-        else {
+        if (c < C) {
+            load_vec<V>(wv[j], w + c);
+#pragma unroll
+            for (int k = 0; k < V; k++) myw[c + k] = myb[c + k] = 0.0f;
+        } else {
 #pragma unroll
             for (int k = 0; k < V; k++) wv[j][k] = 0.0f;
         }
-#pragma unroll
-        for (int k = 0; k < V; k++) dw[j][k] = db[j][k] = 0.0f;
     }
-    for (int row = blockIdx.x * LN_WARPS + warp; row < N; row += gridDim.x * LN_WARPS) {
-        size_t off = (size_t)row * C;
-        float mu = mean[row], rs = rstd[row];
-        float g[NCH][V], nrm[NCH][V];
+    const int stride = gridDim.x * LN_BWD_WARPS;
+    int row = blockIdx.x * LN_BWD_WARPS + warp;
+    float g[NCH][V], x[NCH][V];
+    if (row < N) {
+#pragma unroll
+        for (int j = 0; j < NCH; j++) {
+            int c = (j * 32 + lane) * V;
+            if (c < C) {
+                load_vec_cs<V>(g[j], dout + (size_t)row * C + c);
+                load_vec_cs<V>(x[j], inp + (size_t)row * C + c);
+            }
+        }
+    }
+    for (; row < N; row += stride) {
+        const size_t off = (size_t)row * C;
+        const float mu = mean[row], rs = rstd[row];
+        float d[NCH][V];
         float s1 = 0.0f, s2 = 0.0f;
 #pragma unroll
         for (int j = 0; j < NCH; j++) {
             int c = (j * 32 + lane) * V;
             if (c < C) {
-                float x[V];
-                load_vec_cs<V>(g[j], dout + off + c);
-                load_vec_cs<V>(x, inp + off + c);
+                load_vec<V>(d[j], dinp + off + c);
 #pragma unroll
                 for (int k = 0; k < V; k++) {
-                    nrm[j][k] = (x[k] - mu) * rs;
+                    x[j][k] = (x[j][k] - mu) * rs;  /* now the normalized input */
                     float dn = g[j][k] * wv[j][k];
                     s1 += dn;
-                    s2 += dn * nrm[j][k];
-                    dw[j][k] += g[j][k] * nrm[j][k];
-                    db[j][k] += g[j][k];
+                    s2 += dn * x[j][k];
+                    myw[c + k] += g[j][k] * x[j][k];
+                    myb[c + k] += g[j][k];
                 }
             }
         }
-        float m1 = warp_sum(s1) / (float)C;
-        float m2 = warp_sum(s2) / (float)C;
+        const float m1 = warp_sum(s1) / (float)C;
+        const float m2 = warp_sum(s2) / (float)C;
 #pragma unroll
         for (int j = 0; j < NCH; j++) {
             int c = (j * 32 + lane) * V;
             if (c < C) {
-                float d[V];
-                load_vec<V>(d, dinp + off + c);
 #pragma unroll
                 for (int k = 0; k < V; k++)
-                    d[k] += (g[j][k] * wv[j][k] - m1 - nrm[j][k] * m2) * rs;
-                store_vec<V>(dinp + off + c, d);
+                    d[j][k] += (g[j][k] * wv[j][k] - m1 - x[j][k] * m2) * rs;
+                store_vec<V>(dinp + off + c, d[j]);
             }
         }
-    }
-    /* add the warps' dw/db in warp order, then write this block's partial */
-    for (int w2 = 0; w2 < LN_WARPS; w2++) {
-        if (warp == w2) {
+        const int nx = row + stride;
+        if (nx < N) {
 #pragma unroll
             for (int j = 0; j < NCH; j++) {
                 int c = (j * 32 + lane) * V;
                 if (c < C) {
-#pragma unroll
-                    for (int k = 0; k < V; k++) {
-                        red[c + k] = (w2 == 0 ? 0.0f : red[c + k]) + dw[j][k];
-                        red[C + c + k] = (w2 == 0 ? 0.0f : red[C + c + k]) + db[j][k];
-                    }
+                    load_vec_cs<V>(g[j], dout + (size_t)nx * C + c);
+                    load_vec_cs<V>(x[j], inp + (size_t)nx * C + c);
                 }
             }
         }
-        __syncthreads();
     }
+    __syncthreads();
+    /* this block's partial: the warps' sums added in warp order */
     float* dst = partial + (size_t)blockIdx.x * 2 * C;
-    for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) dst[c] = red[c];
+    for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) {
+        float t = 0.0f;
+        for (int w2 = 0; w2 < LN_BWD_WARPS; w2++) t += acc[(size_t)w2 * 2 * C + c];
+        dst[c] = t;
+    }
 }
 
 /* dw[c] += sum_g partial[g][c]; db[c] += sum_g partial[g][C + c]; fixed order.
@@ -240,18 +258,18 @@ static void ln_bwd(Backend* be, T* dinp, T* dw, T* db, const T* dout, const T* i
     if (N == 0) return;
     constexpr int VV = Vec16<T>::N;
     bool vec = C % VV == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(w);
-    size_t smem = 2 * (size_t)C * sizeof(float);
+    size_t smem = (size_t)LN_BWD_WARPS * 2 * C * sizeof(float);
     int G = 0;
     float* partial = nullptr;
     auto launch = [&](auto kern) {
         int per_sm = 0;
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, LN_WARPS * 32, smem));
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, LN_BWD_WARPS * 32, smem));
         if (per_sm < 1) per_sm = 1;
         G = per_sm * cx->num_sms;
-        int need = (int)cdiv(N, LN_WARPS);
+        int need = (int)cdiv(N, LN_BWD_WARPS);
         if (G > need) G = need;
         partial = (float*)cuda_scratch(be, (size_t)G * 2 * C * sizeof(float));
-        kern<<<G, LN_WARPS * 32, smem, st>>>(dinp, partial, dout, inp, w, mean, rstd, N, C);
+        kern<<<G, LN_BWD_WARPS * 32, smem, st>>>(dinp, partial, dout, inp, w, mean, rstd, N, C);
         LAUNCH_CHECK();
     };
     bool ok;
