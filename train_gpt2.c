@@ -426,13 +426,12 @@ int main(int argc, char** argv) {
         comm_barrier(&comm);
         if (r != rank) continue;
         const MemTracker* mt = &be->mem;
-        printf("rank %d memory: params %.2f MB, grads %.2f MB, master %.2f MB, adam_m %.2f MB, adam_v %.2f MB "
-               "(optimizer state for %zu of %zu parameters = %.2f bytes/param), activations %.2f MB\n",
+        size_t opt_bytes = mt->current[MEM_MASTER] + mt->current[MEM_ADAM_M] + mt->current[MEM_ADAM_V];
+        printf("rank %d memory: params %.2f MB, grads %.2f MB, master %.2f MB, adam_m %.2f MB, adam_v %.2f MB, "
+               "activations %.2f MB | optimizer state %zu bytes for %zu owned of %zu parameters (%.2f bytes/param)\n",
                rank, mb(mt->current[MEM_PARAMS]), mb(mt->current[MEM_GRADS]), mb(mt->current[MEM_MASTER]),
-               mb(mt->current[MEM_ADAM_M]), mb(mt->current[MEM_ADAM_V]), opt.nstate, layout.total_params,
-               (double)(mt->current[MEM_MASTER] + mt->current[MEM_ADAM_M] + mt->current[MEM_ADAM_V]) /
-                   (double)layout.total_params,
-               mb(mt->current[MEM_ACTIVATIONS]));
+               mb(mt->current[MEM_ADAM_M]), mb(mt->current[MEM_ADAM_V]), mb(mt->current[MEM_ACTIVATIONS]),
+               opt_bytes, opt.nstate, layout.total_params, (double)opt_bytes / (double)layout.total_params);
         fflush(stdout);
     }
     comm_barrier(&comm);
@@ -442,7 +441,8 @@ int main(int argc, char** argv) {
     int* inputs = xmalloc(sizeof(int) * (size_t)B * T);
     int* targets = xmalloc(sizeof(int) * (size_t)B * T);
     const size_t grad_bytes = layout.total * dtype_size(be->dtype);
-    const float dloss = 1.0f / (float)((size_t)B * T * accum);
+    /* the mean over the whole global batch: the reduction is then a plain sum (ddp/ddp.h) */
+    const float dloss = (float)(1.0 / (double)a.total_batch_size);
     const double flops_per_step = gpt2_flops_per_token(&model, T) * (double)a.total_batch_size;
     const double peak_flops = !use_cuda ? 0.0 : dt == DTYPE_BF16 ? 989e12 : a.tf32 ? 494e12 : 67e12;
     double total_time = 0.0;

@@ -34,9 +34,9 @@ static void launch_bucket(DDP* d, int b) {
     const LayoutBucket* bk = &d->L->buckets[b];
     void* p = (char*)d->grads + bk->start * dtype_size(d->be->dtype);
     if (d->zero_stage == 0)
-        comm_allreduce(d->comm, p, bk->len, d->be->dtype, 1, &d->handles[b]);
+        comm_allreduce(d->comm, p, bk->len, d->be->dtype, 0, &d->handles[b]);
     else
-        comm_reduce_scatter(d->comm, p, bk->len, d->be->dtype, 1, &d->handles[b]);
+        comm_reduce_scatter(d->comm, p, bk->len, d->be->dtype, 0, &d->handles[b]);
     d->launch_time[b] = wall_time_s();
     d->launched++;
 }

@@ -7,11 +7,18 @@
  * marked once, after the encoder's backward). On the LAST micro-step of a
  * step, as soon as every parameter of every bucket of a bucket group is
  * ready, the group's reductions are launched at once on the communicator:
- *   zero_stage 0: all-reduce (average) of each bucket;
- *   zero_stage 1: reduce-scatter (average) of each bucket: rank r then holds
+ *   zero_stage 0: all-reduce (sum) of each bucket;
+ *   zero_stage 1: reduce-scatter (sum) of each bucket: rank r then holds
  *                 the reduced gradient of its slice.
- * Earlier micro-steps only accumulate (no communication). Averaging over
- * ranks happens exactly once, inside the collective. */
+ * Earlier micro-steps only accumulate (no communication).
+ * Averaging happens exactly once, and before the reduction: the trainer
+ * seeds backward with dloss = 1 / (tokens of the whole global batch), so each
+ * rank's gradient is already its share of the global mean and the collective
+ * is a plain sum. Every rank's gradient then carries the same scale as the
+ * single-process run over the same global batch (1/(B*T*accum*N) rounded
+ * once), and the results differ from it only by summation order; a
+ * post-reduction 1/N (ncclAvg) would round differently from the
+ * single-process run whenever N is not a power of two. */
 #ifndef DDP_DDP_H
 #define DDP_DDP_H
 
