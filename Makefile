@@ -45,8 +45,12 @@ TESTS := $(TEST_SRCS:test/%.c=$(BUILD)/%)
 TOOL_SRCS := $(wildcard tools/*.c)
 TOOLS := $(TOOL_SRCS:tools/%.c=$(BUILD)/%)
 
-.PHONY: all test test-gpu clean
+.PHONY: all test test-gpu deps clean
 all: train_gpt2 $(TESTS) $(TOOLS)
+
+# Installs missing Debian packages (Open MPI, node, gnuplot), then builds.
+deps:
+	bash tools/install_deps.sh
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -69,7 +73,10 @@ $(BUILD)/test_%: $(BUILD)/test/test_%.o $(BUILD)/libgpt2.a
 $(BUILD)/%: $(BUILD)/tools/%.o $(BUILD)/libgpt2.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
-test: all
+# The test command: installs what it needs, builds (a fresh make, so that an
+# mpicc installed just now is used), runs the CPU suite.
+test: deps
+	$(MAKE) all
 	bash test/run_tests.sh
 
 test-gpu: all
