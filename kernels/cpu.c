@@ -240,7 +240,6 @@ static void cpu_gelu_backward(Backend* be, void* dinp_, const void* inp_, const 
 #ifndef GEMM_KC
 #define GEMM_KC 256  /* k-block: an MR x KC A panel and a KC x NR B panel sit in L1 */
 #endif
-#define GEMM_BPACK_FLOATS ((size_t)2 << 20)   /* shared packed B block: 8 MB */
 
 typedef float gemm_vec __attribute__((vector_size(GEMM_VW * 4)));
 typedef float gemm_vecu __attribute__((vector_size(GEMM_VW * 4), aligned(4)));
@@ -350,10 +349,24 @@ static void gemm_pack_b_panel(const GemmArgs* g, float* restrict dst, int j0, in
     }
 }
 
-/* Blocking: columns of C in blocks of ncb (B of that block packed once into
- * a shared buffer by all threads), then rows in blocks of MC (one task each,
- * its A block packed per k-block by the thread that takes it). Which thread
- * takes which block does not change any result. */
+/* Blocking: columns of C in blocks of up to NCB; within one, k in ranges of
+ * up to kcb (as much as fits GEMM_BPACK floats, a multiple of KC; all of K
+ * when it fits). For each (column block, k-range) all threads first pack
+ * that block of B into a shared buffer, then take tasks of MC rows x NCT
+ * columns; a task runs its k-range KC at a time (packing its MC x KC block
+ * of A each time) so its C tile stays in cache across the k-blocks. Which
+ * thread takes which task does not change any result: every C element sees
+ * its k-blocks in order (k-ranges are separated by barriers). */
+#ifndef GEMM_NCB
+#define GEMM_NCB 4096   /* columns of a shared packed B block: a multiple of NR */
+#endif
+#ifndef GEMM_NCT
+#define GEMM_NCT 1024   /* columns of one task: a multiple of NR */
+#endif
+#ifndef GEMM_BPACK
+#define GEMM_BPACK ((size_t)2 << 20)   /* floats in the shared packed B block (8 MB) */
+#endif
+
 static void gemm_run(const GemmArgs* g) {
     const int M = g->M, N = g->N, K = g->K;
     if (M <= 0 || N <= 0) return;
@@ -363,61 +376,69 @@ static void gemm_run(const GemmArgs* g) {
                 for (int j = 0; j < N; j++) g->C[(ptrdiff_t)i * g->ldc + j] = g->bias ? g->bias[j] : 0.0f;
         return;
     }
-    const size_t npad = ((size_t)N + GEMM_NR - 1) / GEMM_NR * GEMM_NR;
-    size_t ncb = GEMM_BPACK_FLOATS / (size_t)K / GEMM_NR * GEMM_NR;
-    if (ncb < GEMM_NR) ncb = GEMM_NR;
-    if (ncb > npad) ncb = npad;
-    const int nkb = (K + GEMM_KC - 1) / GEMM_KC;
+    const int npad = (N + GEMM_NR - 1) / GEMM_NR * GEMM_NR;
+    const int ncb = npad < GEMM_NCB ? npad : GEMM_NCB;
+    size_t kcb_s = GEMM_BPACK / (size_t)ncb / GEMM_KC * GEMM_KC;
+    if (kcb_s < GEMM_KC) kcb_s = GEMM_KC;
+    const int kcb = kcb_s >= (size_t)K ? K : (int)kcb_s;
     const int mt = (M + GEMM_MC - 1) / GEMM_MC;
-    float* Bp = cpu_scratch(sizeof(float) * (size_t)K * ncb);
+    float* Bp = cpu_scratch(sizeof(float) * (size_t)kcb * ncb);
 #pragma omp parallel
     {
         float* Ap = cpu_scratch(sizeof(float) * GEMM_MC * GEMM_KC);
         float tile[GEMM_MR * GEMM_NR] __attribute__((aligned(64)));
         float init[GEMM_NR] __attribute__((aligned(64)));
-        for (size_t j0 = 0; j0 < (size_t)N; j0 += ncb) {
-            const int nc = (size_t)N - j0 < ncb ? (int)((size_t)N - j0) : (int)ncb;
+        for (int j0 = 0; j0 < N; j0 += ncb) {
+            const int nc = N - j0 < ncb ? N - j0 : ncb;
             const int npan = (nc + GEMM_NR - 1) / GEMM_NR;
-            /* k-block kb of the packed block starts at Bp + kb*KC*ncb; its
-             * panel p at + p*NR*kc. */
+            const int nct = (nc + GEMM_NCT - 1) / GEMM_NCT;
+            for (int kr0 = 0; kr0 < K; kr0 += kcb) {
+                const int krn = K - kr0 < kcb ? K - kr0 : kcb;
+                const int nsub = (krn + GEMM_KC - 1) / GEMM_KC;
+                /* k-block s of the range at Bp + s*KC*ncb; its panel p at + p*NR*kc */
 #pragma omp for schedule(static)
-            for (int t = 0; t < nkb * npan; t++) {
-                const int kb = t / npan, p = t % npan;
-                const int k0 = kb * GEMM_KC, kc = K - k0 < GEMM_KC ? K - k0 : GEMM_KC;
-                gemm_pack_b_panel(g, Bp + (size_t)k0 * ncb + (size_t)p * GEMM_NR * kc,
-                                  (int)j0 + p * GEMM_NR, k0, kc);
-            }
+                for (int t = 0; t < nsub * npan; t++) {
+                    const int s = t / npan, p = t % npan;
+                    const int k0 = kr0 + s * GEMM_KC;
+                    const int kc = kr0 + krn - k0 < GEMM_KC ? kr0 + krn - k0 : GEMM_KC;
+                    gemm_pack_b_panel(g, Bp + (size_t)s * GEMM_KC * ncb + (size_t)p * GEMM_NR * kc,
+                                      j0 + p * GEMM_NR, k0, kc);
+                }
 #pragma omp for schedule(dynamic, 1)
-            for (int ib = 0; ib < mt; ib++) {
-                const int i0 = ib * GEMM_MC;
-                const int mc = M - i0 < GEMM_MC ? M - i0 : GEMM_MC;
-                for (int kb = 0; kb < nkb; kb++) {
-                    const int k0 = kb * GEMM_KC, kc = K - k0 < GEMM_KC ? K - k0 : GEMM_KC;
-                    const int first = (kb == 0) && !g->accumulate;
-                    gemm_pack_a(g, Ap, i0, mc, k0, kc);
-                    for (int jp = 0; jp < nc; jp += GEMM_NR) {
-                        const int cols = nc - jp < GEMM_NR ? nc - jp : GEMM_NR;
-                        if (first)
-                            for (int j = 0; j < GEMM_NR; j++)
-                                init[j] = (g->bias && j < cols) ? g->bias[j0 + jp + j] : 0.0f;
-                        const float* bpan = Bp + (size_t)k0 * ncb + (size_t)jp * kc;
-                        for (int ip = 0; ip < mc; ip += GEMM_MR) {
-                            const int rows = mc - ip < GEMM_MR ? mc - ip : GEMM_MR;
-                            const float* apan = Ap + (size_t)ip * kc;
-                            float* Cc = g->C + (ptrdiff_t)(i0 + ip) * g->ldc + (ptrdiff_t)j0 + jp;
-                            if (rows == GEMM_MR && cols == GEMM_NR) {
-                                gemm_micro(kc, apan, bpan, Cc, g->ldc, first ? init : NULL);
-                            } else {
-                                if (!first) {
-                                    memset(tile, 0, sizeof tile);
+                for (int task = 0; task < mt * nct; task++) {
+                    const int i0 = (task / nct) * GEMM_MC, jt0 = (task % nct) * GEMM_NCT;
+                    const int mc = M - i0 < GEMM_MC ? M - i0 : GEMM_MC;
+                    const int jt1 = nc - jt0 < GEMM_NCT ? nc : jt0 + GEMM_NCT;
+                    for (int s = 0; s < nsub; s++) {
+                        const int k0 = kr0 + s * GEMM_KC;
+                        const int kc = kr0 + krn - k0 < GEMM_KC ? kr0 + krn - k0 : GEMM_KC;
+                        const int first = (k0 == 0) && !g->accumulate;
+                        const float* bblk = Bp + (size_t)s * GEMM_KC * ncb;
+                        gemm_pack_a(g, Ap, i0, mc, k0, kc);
+                        for (int jp = jt0; jp < jt1; jp += GEMM_NR) {
+                            const int cols = jt1 - jp < GEMM_NR ? jt1 - jp : GEMM_NR;
+                            if (first)
+                                for (int j = 0; j < GEMM_NR; j++)
+                                    init[j] = (g->bias && j < cols) ? g->bias[j0 + jp + j] : 0.0f;
+                            const float* bpan = bblk + (size_t)jp * kc;
+                            for (int ip = 0; ip < mc; ip += GEMM_MR) {
+                                const int rows = mc - ip < GEMM_MR ? mc - ip : GEMM_MR;
+                                const float* apan = Ap + (size_t)ip * kc;
+                                float* Cc = g->C + (ptrdiff_t)(i0 + ip) * g->ldc + j0 + jp;
+                                if (rows == GEMM_MR && cols == GEMM_NR) {
+                                    gemm_micro(kc, apan, bpan, Cc, g->ldc, first ? init : NULL);
+                                } else {
+                                    if (!first) {
+                                        memset(tile, 0, sizeof tile);
+                                        for (int r = 0; r < rows; r++)
+                                            memcpy(tile + r * GEMM_NR, Cc + (ptrdiff_t)r * g->ldc,
+                                                   sizeof(float) * cols);
+                                    }
+                                    gemm_micro(kc, apan, bpan, tile, GEMM_NR, first ? init : NULL);
                                     for (int r = 0; r < rows; r++)
-                                        memcpy(tile + r * GEMM_NR, Cc + (ptrdiff_t)r * g->ldc,
+                                        memcpy(Cc + (ptrdiff_t)r * g->ldc, tile + r * GEMM_NR,
                                                sizeof(float) * cols);
                                 }
-                                gemm_micro(kc, apan, bpan, tile, GEMM_NR, first ? init : NULL);
-                                for (int r = 0; r < rows; r++)
-                                    memcpy(Cc + (ptrdiff_t)r * g->ldc, tile + r * GEMM_NR,
-                                           sizeof(float) * cols);
                             }
                         }
                     }
@@ -693,7 +714,10 @@ static void cpu_attention_forward(Backend* be, void* out_, float* lse, const voi
 }
 
 /* Flash-style backward, parallel over (b, h): the thread of a head owns its
- * dq, dk, dv columns, and adds into dk/dv over queries t in order. */
+ * dq, dk, dv columns. Per query t: P = exp(S - lse) recomputed, dP = dout_t
+ * . v_s, D = dout_t . out_t, dS = P (dP - D); dq_t = scale sum_s dS k_s;
+ * dk_s += scale dS q_t and dv_s += P dout_t over t in order, in contiguous
+ * per-thread rows that are written out when the head is done. */
 static void cpu_attention_backward(Backend* be, void* dqkv_, const void* dout_, const void* qkv_,
                                    const void* out_, const float* lse, int B, int T, int C, int NH) {
     (void)be;
@@ -704,10 +728,14 @@ static void cpu_attention_backward(Backend* be, void* dqkv_, const void* dout_, 
     const int hs = attention_head_size(C, NH);
     const float scale = 1.0f / sqrtf((float)hs);
     const size_t C3 = (size_t)3 * C;
+    const size_t th = (size_t)T * hs;
 #pragma omp parallel
     {
-        float* kt = cpu_scratch(sizeof(float) * (size_t)hs * T);
-        float* vt = cpu_scratch(sizeof(float) * (size_t)hs * T);
+        float* kt = cpu_scratch(sizeof(float) * th);   /* k transposed [hs][T] */
+        float* vt = cpu_scratch(sizeof(float) * th);   /* v transposed [hs][T] */
+        float* kr = cpu_scratch(sizeof(float) * th);   /* k rows [T][hs] */
+        float* dk = cpu_scratch(sizeof(float) * th);   /* [T][hs] */
+        float* dv = cpu_scratch(sizeof(float) * th);   /* [T][hs] */
         float* p = cpu_scratch(sizeof(float) * (size_t)T);
         float* dp = cpu_scratch(sizeof(float) * (size_t)T);
         float* dq = cpu_scratch(sizeof(float) * (size_t)hs);
@@ -722,11 +750,11 @@ static void cpu_attention_backward(Backend* be, void* dqkv_, const void* dout_, 
                 for (int d = 0; d < hs; d++) {
                     kt[(size_t)d * T + s] = k[d];
                     vt[(size_t)d * T + s] = v[d];
+                    kr[(size_t)s * hs + d] = k[d];
                 }
-                float* dk = dbase + (size_t)s * C3 + C + (size_t)h * hs;
-                memset(dk, 0, sizeof(float) * hs);
-                memset(dk + C, 0, sizeof(float) * hs);
             }
+            memset(dk, 0, sizeof(float) * th);
+            memset(dv, 0, sizeof(float) * th);
             for (int t = 0; t < T; t++) {
                 const float* q = base + (size_t)t * C3 + (size_t)h * hs;
                 const float* dot = dout + ((size_t)b * T + t) * C + (size_t)h * hs;
@@ -739,11 +767,11 @@ static void cpu_attention_backward(Backend* be, void* dqkv_, const void* dout_, 
                 }
                 for (int d = 0; d < hs; d++) {
                     const float qd = q[d], gd = dot[d];
-                    const float* kr = kt + (size_t)d * T;
-                    const float* vr = vt + (size_t)d * T;
+                    const float* krow = kt + (size_t)d * T;
+                    const float* vrow = vt + (size_t)d * T;
                     for (int s = 0; s < ns; s++) {
-                        p[s] += qd * kr[s];
-                        dp[s] += gd * vr[s];
+                        p[s] += qd * krow[s];
+                        dp[s] += gd * vrow[s];
                     }
                 }
                 const float D = (float)dot_f64(dot, ot, (size_t)hs);
@@ -754,22 +782,30 @@ static void cpu_attention_backward(Backend* be, void* dqkv_, const void* dout_, 
                 for (int d = 0; d < hs; d++) dq[d] = 0.0f;
                 for (int s = 0; s < ns; s++) {
                     const float ds = dp[s];
-                    const float* k = base + (size_t)s * C3 + C + (size_t)h * hs;
+                    const float* k = kr + (size_t)s * hs;
                     for (int d = 0; d < hs; d++) dq[d] += ds * k[d];
                 }
                 float* dqo = dbase + (size_t)t * C3 + (size_t)h * hs;
                 for (int d = 0; d < hs; d++) dqo[d] = dq[d] * scale;
                 for (int s = 0; s < ns; s++) {
                     const float dss = dp[s] * scale, ps = p[s];
-                    float* dk = dbase + (size_t)s * C3 + C + (size_t)h * hs;
-                    float* dv = dk + C;
-                    for (int d = 0; d < hs; d++) dk[d] += dss * q[d];
-                    for (int d = 0; d < hs; d++) dv[d] += ps * dot[d];
+                    float* dks = dk + (size_t)s * hs;
+                    float* dvs = dv + (size_t)s * hs;
+                    for (int d = 0; d < hs; d++) dks[d] += dss * q[d];
+                    for (int d = 0; d < hs; d++) dvs[d] += ps * dot[d];
                 }
+            }
+            for (int s = 0; s < T; s++) {
+                float* dks = dbase + (size_t)s * C3 + C + (size_t)h * hs;
+                memcpy(dks, dk + (size_t)s * hs, sizeof(float) * hs);
+                memcpy(dks + C, dv + (size_t)s * hs, sizeof(float) * hs);
             }
         }
         free(kt);
         free(vt);
+        free(kr);
+        free(dk);
+        free(dv);
         free(p);
         free(dp);
         free(dq);

@@ -1206,8 +1206,8 @@ int main(void) {
     test_gelu_case(&cx, 13);
     test_gelu_case(&cx, 100003);
 
-    /* sizes: odd; single; several row/column/k blocks (MC 96, KC 256, NR 32);
-     * several packed column blocks of B (K large) */
+    /* sizes: odd; single; several row blocks (MC 96), k-blocks (KC 256),
+     * task columns (512), micro-tiles (MR 8 x NR 32) with ragged edges */
     test_matmul_case(&cx, 13, 36, 7, 1, 0, 0);
     test_matmul_case(&cx, 1, 1, 1, 1, 1, 1);
     test_matmul_case(&cx, 7, 36, 108, 0, 1, 0);
@@ -1217,6 +1217,9 @@ int main(void) {
     test_matmul_case(&cx, 64, 768, 2304, 1, 0, 0);
     test_matmul_case(&cx, 10, 4100, 600, 1, 0, 0);
     test_matmul_case(&cx, 2100, 1100, 8, 0, 0, 1);
+    test_matmul_case(&cx, 6, 40, 4200, 1, 1, 0);   /* several packed column blocks (4096) */
+    test_matmul_case(&cx, 3, 4500, 5, 1, 0, 1);
+    test_matmul_case(&cx, 2, 600, 4200, 1, 0, 0);  /* column blocks x k-ranges */
     test_matmul_fd(&cx, 3, 5, 4, 0);
     test_matmul_fd(&cx, 7, 36, 13, 0);
     test_matmul_fd(&cx, 5, 9, 6, 1);
