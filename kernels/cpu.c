@@ -2,29 +2,29 @@
  * OpenMP-parallel, the reference that CI runs and the CUDA backend is
  * checked against.
  *
- * Determinism: every output element is computed by one thread with a fixed
- * order of operations that depends only on the shapes, never on the number
- * of threads or on which thread takes which block. Reductions over a
- * dimension that is split across threads are never split: we parallelise
- * over the other dimension (e.g. layernorm dw/db over channels, encoder
- * dwte over channels, attention dk/dv over (batch, head)). Sums that use
- * several partial accumulators ("lanes") assign element i to lane i % L with
- * a compile-time L and combine the lanes in a fixed order, so they too are
- * thread-count independent. The build uses -ffp-contract=off and no
- * -ffast-math, so the compiler cannot reassociate any of this.
+ * Determinism: the order of the floating-point operations behind every
+ * output element is fixed by the shapes alone, never by the number of
+ * threads or by which thread takes which block. A reduction is never split
+ * across threads: we parallelise over the other dimension (layernorm dw/db
+ * and encoder dwte/dwpe over channels, attention dk/dv over (batch, head),
+ * matmul over blocks of C, each summing k in order). Sums that use several
+ * partial accumulators ("lanes") put element i in lane i % L for a
+ * compile-time L and combine the lanes in a fixed order; grad_sumsq sums
+ * fixed-size chunks in double and adds the chunk sums in order. The build
+ * uses -ffp-contract=off and no -ffast-math, so the compiler reassociates
+ * nothing and fuses no multiply-add: the bits are the same for any thread
+ * count, and for any SIMD width.
  *
- * The matmuls are a packed GEMM (GotoBLAS-style blocking): A and B blocks are
- * packed into contiguous micro-panels and a register-tiled micro-kernel
- * (MR rows x NR columns of C) broadcasts one A value and updates NR
- * independent output columns per k, written with GCC vector extensions.
- * Each lane is one output element whose sum over k runs in order
- * k = 0..K-1, so the bits do not depend on the vector width either. */
+ * The matmuls are a packed GEMM (GotoBLAS-style blocking): blocks of A and B
+ * are packed into contiguous micro-panels and a register-tiled micro-kernel
+ * (MR rows x NR columns of C, GCC vector extensions) broadcasts one A value
+ * per row and updates NR independent output columns per k. exp is our own
+ * (exp_f: add/mul only) so the softmax and GELU loops vectorise. */
 #include "kernels.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <omp.h>
 
 #define LN_EPS 1e-5
 #define GELU_SCALE 0.7978845608028654f   /* sqrt(2/pi) */
