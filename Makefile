@@ -52,11 +52,18 @@ all: train_gpt2 $(TESTS) $(TOOLS)
 deps:
 	bash tools/install_deps.sh
 
-$(BUILD)/%.o: %.c
+# Rebuild everything when the configuration changes (CUDA or not, MPI or not).
+CONFIG_STAMP := $(BUILD)/config.$(if $(NVCC),cuda,nocuda).$(if $(MPICC),mpi,nompi)
+$(CONFIG_STAMP):
+	@mkdir -p $(BUILD)
+	@rm -f $(BUILD)/config.* && find $(BUILD) -name '*.o' -delete
+	@touch $@
+
+$(BUILD)/%.o: %.c $(CONFIG_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/%.cu.o: %.cu
+$(BUILD)/%.cu.o: %.cu $(CONFIG_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -I$(CUDA_HOME)/include -c $< -o $@
 
