@@ -713,8 +713,9 @@ __global__ void attn_bwd_dkdv_generic(T* dqkv, const T* dout, const T* qkv, cons
 /* dispatch                                                                 */
 /* ------------------------------------------------------------------------ */
 /* Tile configuration: warps per block of the forward, dK/dV and dQ kernels
- * (4 or 8 each: 64 or 128 own rows a block). Default 8,8,8; the environment
- * variable GPT2_CUDA_ATTN="fwd,dkdv,dq" overrides it (for benchmarking). */
+ * (4 or 8 each: 64 or 128 own rows a block). Default 8,4,4, the fastest
+ * measured (docs/CUDA.md); the environment variable GPT2_CUDA_ATTN=
+ * "fwd,dkdv,dq" overrides it (for benchmarking). */
 template <int HS, int NW> static void attn_set_smem() {
     CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_mma<HS, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fwd_smem<HS, NW>()));
     CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dkdv_mma<HS, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dkdv_smem<HS, NW>()));
@@ -723,7 +724,8 @@ template <int HS, int NW> static void attn_set_smem() {
 
 void cuda_attention_init(Backend* be) {
     CudaCtx* c = cuda_ctx(be);
-    c->attn_nw[0] = c->attn_nw[1] = c->attn_nw[2] = 8;
+    c->attn_nw[0] = 8;
+    c->attn_nw[1] = c->attn_nw[2] = 4;
     const char* env = getenv("GPT2_CUDA_ATTN");
     if (env && *env) {
         int a, b2, d;

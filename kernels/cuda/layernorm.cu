@@ -230,21 +230,32 @@ __global__ void __launch_bounds__(LN_BWD_WARPS * 32)
 }
 
 /* dw[c] += sum_g partial[g][c]; db[c] += sum_g partial[g][C + c]; fixed order.
- * Block: 32 columns x 8 row-threads; each row-thread sums g = ty, ty+8, ...,
- * then the 8 are added in order. */
+ * Block: 32 columns x 32 row-threads; row-thread ty sums g = ty, ty+32, ...
+ * (4 loads in flight), then the 32 are added in order. */
 template <typename T>
-__global__ void ln_bwd_final_kernel(T* dw, T* db, const float* partial, int G, int C) {
-    __shared__ float sm[8][33];
-    int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
-    int c = blockIdx.x * 32 + tx;
+__global__ void __launch_bounds__(1024) ln_bwd_final_kernel(T* dw, T* db, const float* partial, int G, int C) {
+    __shared__ float sm[32][33];
+    const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+    const int c = blockIdx.x * 32 + tx;
     float s = 0.0f;
-    if (c < 2 * C)
-        for (int g = ty; g < G; g += 8) s += partial[(size_t)g * 2 * C + c];
+    if (c < 2 * C) {
+        const size_t st = (size_t)2 * C;
+        int g = ty;
+        for (; g + 96 < G; g += 128) {
+            float a0 = partial[(size_t)g * st + c], a1 = partial[(size_t)(g + 32) * st + c];
+            float a2 = partial[(size_t)(g + 64) * st + c], a3 = partial[(size_t)(g + 96) * st + c];
+            s += a0;
+            s += a1;
+            s += a2;
+            s += a3;
+        }
+        for (; g < G; g += 32) s += partial[(size_t)g * st + c];
+    }
     sm[ty][tx] = s;
     __syncthreads();
     if (ty == 0 && c < 2 * C) {
         float tot = 0.0f;
-        for (int k = 0; k < 8; k++) tot += sm[k][tx];
+        for (int k = 0; k < 32; k++) tot += sm[k][tx];
         T* p = c < C ? dw + c : db + (c - C);
         *p = from_f<T>(to_f<T>(*p) + tot);
     }
@@ -295,7 +306,7 @@ static void ln_bwd(Backend* be, T* dinp, T* dw, T* db, const T* dout, const T* i
         });
     }
     if (!ok) fatal("layernorm_backward: C=%d is larger than the CUDA backend supports (1024)", C);
-    ln_bwd_final_kernel<T><<<cdiv(2 * (size_t)C, 32), 256, 0, st>>>(dw, db, partial, G, C);
+    ln_bwd_final_kernel<T><<<cdiv(2 * (size_t)C, 32), 1024, 0, st>>>(dw, db, partial, G, C);
     LAUNCH_CHECK();
 }
 

@@ -8,7 +8,7 @@
  *             epilogue DGELU (aux = pre_gelu) when pre_gelu is given
  *   dW        dW^T[C,OC]  += inp^T[C,N] * dout[N,OC]           (m=C, n=OC, k=N, beta=1)
  *   dbias     column sums of dout (own kernel: it must accumulate, and be
- *             deterministic), fp32 per-block partials + fixed-order final sum.
+ *             deterministic), fp32 per-chunk partials + fixed-order final sum.
  * bf16: bf16 operands, fp32 accumulation (CUBLAS_COMPUTE_32F). fp32: exact
  * fp32 (CUBLAS_COMPUTE_32F) unless allow_tf32 (..._FAST_TF32).
  * Each distinct configuration (shape, transposes, epilogue, beta, pointer
@@ -30,7 +30,6 @@ struct LtKey {
     int beta_one;
     int alignA, alignB, alignD, alignBias, alignAux;
     int ldaux;
-    int biastype;  /* -1: cuBLASLt's default (the D type) */
 };
 
 struct LtPlan {
@@ -80,8 +79,7 @@ void cuda_matmul_destroy(Backend* be) {
  * Returns 0 (doing nothing) when cuBLASLt has no algorithm for it. */
 static int lt_matmul(Backend* be, void* D, const void* A, const void* Bm, int m, int n, int k,
                      int transa, int transb, int lda, int ldb, int ldd, float beta,
-                     cublasLtEpilogue_t epi, const void* bias, const void* aux, int ldaux,
-                     int biastype = -1) {
+                     cublasLtEpilogue_t epi, const void* bias, const void* aux, int ldaux) {
     CudaCtx* c = cuda_ctx(be);
     LtKey key;
     memset(&key, 0, sizeof key);
@@ -101,7 +99,6 @@ static int lt_matmul(Backend* be, void* D, const void* A, const void* Bm, int m,
     key.alignBias = bias ? ptr_align(bias) : 0;
     key.alignAux = aux ? ptr_align(aux) : 0;
     key.ldaux = aux ? ldaux : 0;
-    key.biastype = biastype;
 
     LtPlan* p = c->plans;
     while (p && memcmp(&p->key, &key, sizeof key) != 0) p = p->next;
@@ -120,10 +117,6 @@ static int lt_matmul(Backend* be, void* D, const void* A, const void* Bm, int m,
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
         if (bias)
             CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-        if (biastype >= 0) {
-            cudaDataType_t bt = (cudaDataType_t)biastype;
-            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
-        }
         if (aux) {
             int64_t ld64 = ldaux;
             CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
@@ -285,13 +278,6 @@ static void dbias_launch(Backend* be, T* dbias, const T* dout, int N, int OC) {
     LAUNCH_CHECK();
 }
 
-/* dbias[c] += g[c] (g: the fp32 or X-typed column sums from the BGRADB epilogue) */
-template <typename T, typename G>
-__global__ void dbias_add_kernel(T* dbias, const G* g, int OC) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c < OC) dbias[c] = from_f<T>(to_f<T>(dbias[c]) + to_f<G>(g[c]));
-}
-
 void cuda_matmul_backward(Backend* be, void* dinp, void* dw, void* dbias, const void* dout,
                           const void* inp, const void* w, const void* pre_gelu, int N, int C,
                           int OC) {
@@ -306,31 +292,9 @@ void cuda_matmul_backward(Backend* be, void* dinp, void* dw, void* dbias, const 
                            CUBLASLT_EPILOGUE_DEFAULT, NULL);
         if (pre_gelu) cuda_gelu_backward(be, dinp, pre_gelu, dinp, (size_t)N * C);
     }
-    /* dw += dout^T inp: dW^T[C,OC] = inp^T[C,N] * dout[N,OC]. With dbias, the
-     * BGRADB epilogue sums dout over N (the GEMM's k) into an fp32 scratch
-     * vector during the same pass (it overwrites, so a small kernel then
-     * accumulates it into dbias); where cuBLASLt refuses, our column sum. */
-    if (dbias) {
-        cudaStream_t st = cuda_ctx(be)->stream;
-        float* g = (float*)cuda_scratch(be, (size_t)OC * sizeof(float));
-        if (lt_matmul(be, dw, inp, dout, C, OC, N, 0, 1, C, OC, C, 1.0f, CUBLASLT_EPILOGUE_BGRADB, g,
-                      NULL, 0, (int)CUDA_R_32F)) {
-            if (be->dtype == DTYPE_BF16)
-                dbias_add_kernel<bf16, float><<<cdiv(OC, 256), 256, 0, st>>>((bf16*)dbias, g, OC);
-            else
-                dbias_add_kernel<float, float><<<cdiv(OC, 256), 256, 0, st>>>((float*)dbias, g, OC);
-            LAUNCH_CHECK();
-            return;
-        }
-        if (be->dtype == DTYPE_BF16 &&
-            lt_matmul(be, dw, inp, dout, C, OC, N, 0, 1, C, OC, C, 1.0f, CUBLASLT_EPILOGUE_BGRADB, g,
-                      NULL, 0, -1)) {
-            /* bias gradient in bf16 (cuBLASLt refused fp32 for it) */
-            dbias_add_kernel<bf16, bf16><<<cdiv(OC, 256), 256, 0, st>>>((bf16*)dbias, (const bf16*)g, OC);
-            LAUNCH_CHECK();
-            return;
-        }
-    }
+    /* dw += dout^T inp: dW^T[C,OC] = inp^T[C,N] * dout[N,OC]. dbias by our
+     * column-sum kernel: cuBLASLt's BGRADB epilogue (tried 2026-12-02) made
+     * the dW GEMM slower than GEMM + column sum, and it overwrites. */
     lt_matmul_required(be, dw, inp, dout, C, OC, N, 0, 1, C, OC, C, 1.0f, CUBLASLT_EPILOGUE_DEFAULT,
                        NULL);
     if (dbias) {
