@@ -19,6 +19,7 @@ for t in build/test_*; do
     run_suite "$name" "$t"
 done
 for s in test/test_*.sh; do
+    case "$s" in test/test_gpu_*) continue;; esac   # GPU suites: test/run_tests_gpu.sh
     run_suite "$(basename "$s" .sh)" bash "$s"
 done
 echo

@@ -25,6 +25,24 @@ if [ "${GPU_BENCH:-0}" = 1 ]; then
 else
     run_suite test_kernels_gpu "$BUILD_DIR/test_kernels_gpu"
 fi
+# the PyTorch fixture on the GPU: fp32 at the CPU tolerances, bf16 loss within 1e-2
+run_suite test_fixture_cuda_fp32 "$BUILD_DIR/test_fixture" --device cuda --dtype fp32
+run_suite test_fixture_cuda_bf16 "$BUILD_DIR/test_fixture" --device cuda --dtype bf16
+# the trainer end to end on the GPU (several ranks sharing it, PyTorch d12 comparison)
+for s in test/test_gpu_*.sh; do
+    [ -f "$s" ] && run_suite "$(basename "$s" .sh)" bash "$s"
+done
+# compute-sanitizer on a small configuration (memcheck and racecheck)
+if command -v compute-sanitizer >/dev/null 2>&1; then
+    tmp=$(mktemp -d)
+    build/make_shard "$tmp/s.bin" 20000 1
+    for tool in memcheck racecheck; do
+        run_suite "sanitizer_$tool" compute-sanitizer --tool $tool --error-exitcode 9 \
+            ./train_gpt2 --device cuda --input_bin "$tmp/s.bin" --model d2 --n_embd 128 --max_seq_len 64 \
+            --batch_size 2 --sequence_length 64 --num_iterations 2
+    done
+    rm -rf "$tmp"
+fi
 echo
 [ -n "$failed_names" ] && echo "failed suites:$failed_names"
 echo "$passed passed, $failed failed"
