@@ -144,6 +144,8 @@ Backend* backend_cpu_create(void);
 /* Defined in kernels/cuda/ when built with CUDA; the stub in
  * kernels/backend.c says "built without CUDA" otherwise. */
 Backend* backend_cuda_create(DType dtype, int device_index, int allow_tf32);
+/* (device_index is the local rank, taken modulo the number of visible GPUs:
+ * ranks beyond the GPU count share GPUs round-robin.) */
 int backend_cuda_available(void);   /* 1 if built with CUDA and a GPU is visible */
 
 #endif

@@ -142,8 +142,11 @@ extern "C" Backend* backend_cuda_create(DType dtype, int device_index, int allow
     if (e != cudaSuccess || n == 0)
         fatal("--device cuda: no CUDA GPU is visible (%s); use --device cpu",
               e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
-    if (device_index < 0 || device_index >= n)
+    if (device_index < 0)
         fatal("--device cuda: GPU index %d does not exist (this machine has %d)", device_index, n);
+    /* more local ranks than GPUs: ranks share GPUs round-robin (the MPI
+     * communicator handles that; NCCL refuses it, see comm_setup) */
+    device_index %= n;
     CUDA_CHECK(cudaSetDevice(device_index));
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, device_index));
