@@ -123,7 +123,7 @@ static int make_flags(Args* a, Flag* f) {
     FL("val_max_steps", F_INT, &a->val_max_steps, "validation batches per evaluation");
     FL("sample_every", F_INT, &a->sample_every, "print generated text every K steps (0 = never)");
     FL("sample_tokens", F_INT, &a->sample_tokens, "tokens to generate per sample");
-    FL("output_dir", F_STR, &a->output_dir, "write log.jsonl (and the final model) here ('' = nowhere)");
+    FL("output_dir", F_STR, &a->output_dir, "write log.jsonl (per-step figures) here ('' = nowhere)");
     FL("save_model", F_STR, &a->save_model, "write the final weights to this llm.c model file ('' = no)");
     FL("save_dtype", F_STR, &a->save_dtype, "fp32 (llm.c version 3) | bf16 (version 5) for saved models");
     FL("device", F_STR, &a->device, "auto | cpu | cuda");
