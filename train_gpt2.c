@@ -483,6 +483,7 @@ int main(int argc, char** argv) {
             gpt2_backward(&model, ddp_param_ready, &ddp);
         }
         ddp_finish_reductions(&ddp);
+        if (rank == 0 && world > 1 && (step == 0 || step == a.num_iterations - 1)) ddp_overlap_report(&ddp, stdout);
         double sq = be->grad_sumsq(be, model.grads, norm_pieces, nnorm);
         double sums[2] = {sq, loss_sum / accum};
         comm_allreduce_host_sum(&comm, sums, 2);

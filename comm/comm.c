@@ -518,6 +518,20 @@ void comm_wait(Comm* c, CommHandle* h) {
     h->impl = NULL;
 }
 
+void comm_progress(Comm* c, CommHandle* h) {
+    (void)c;
+    if (!h || !h->active || !h->impl) return;
+#ifdef USE_MPI
+    /* MPI moves a non-blocking collective forward only inside MPI calls: a test
+     * now and then during backward lets the reduction overlap the compute. */
+    if (c->kind == COMM_MPI) {
+        CommMpiReq* r = (CommMpiReq*)h->impl;
+        int flag = 0;
+        if (r->req != MPI_REQUEST_NULL) comm_mpi_check(c, MPI_Test(&r->req, &flag, MPI_STATUS_IGNORE), "MPI_Test");
+    }
+#endif
+}
+
 /* ----------------------------------------------------------- host helpers */
 
 void comm_allreduce_host_sum(Comm* c, double* vals, int n) {

@@ -67,6 +67,11 @@ void comm_allgather(Comm* c, void* buf, size_t count, DType dt, CommHandle* h);
  * collective. */
 void comm_wait(Comm* c, CommHandle* h);
 
+/* Lets an in-flight collective make progress without waiting for it (MPI
+ * progresses non-blocking collectives only inside MPI calls; NCCL and the
+ * single backend need nothing). Cheap; call it often during compute. */
+void comm_progress(Comm* c, CommHandle* h);
+
 /* Blocking all-reduce of host doubles (sum), for losses and grad norms. */
 void comm_allreduce_host_sum(Comm* c, double* vals, int n);
 /* Blocking max over ranks of host ints (agreeing on errors, flags). */

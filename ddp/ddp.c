@@ -23,6 +23,7 @@ void ddp_init(DDP* d, const Layout* L, Comm* comm, Backend* be, int zero_stage, 
 void ddp_begin_micro_step(DDP* d, int is_last) {
     const Layout* L = d->L;
     d->last_micro = is_last;
+    d->backward_start_time = wall_time_s();
     d->launched = 0;
     memset(d->marked, 0, (size_t)L->nparams);
     for (int b = 0; b < L->nbuckets; b++) d->bucket_pending[b] = L->buckets[b].nparams;
@@ -37,7 +38,7 @@ static void launch_bucket(DDP* d, int b) {
         comm_allreduce(d->comm, p, bk->len, d->be->dtype, 0, &d->handles[b]);
     else
         comm_reduce_scatter(d->comm, p, bk->len, d->be->dtype, 0, &d->handles[b]);
-    d->launch_time[b] = wall_time_s();
+    d->launch_time[b] = wall_time_s() - d->backward_start_time;
     d->launched++;
 }
 
@@ -47,6 +48,8 @@ void ddp_param_ready(void* ctx, int li) {
     if (li < 0 || li >= L->nparams) fatal("internal: ddp_param_ready(%d) out of range", li);
     if (d->marked[li]) fatal("internal: parameter at layout index %d marked ready twice in one micro-step", li);
     d->marked[li] = 1;
+    /* keep the reductions already launched moving while backward computes */
+    for (int bb = 0; bb < L->nbuckets; bb++) comm_progress(d->comm, &d->handles[bb]);
     int b = L->params[li].bucket;
     if (--d->bucket_pending[b] > 0) return;
     int g = L->buckets[b].group;
@@ -58,7 +61,7 @@ void ddp_param_ready(void* ctx, int li) {
 
 void ddp_finish_reductions(DDP* d) {
     const Layout* L = d->L;
-    d->backward_end_time = wall_time_s();
+    d->backward_end_time = wall_time_s() - d->backward_start_time;
     for (int b = 0; b < L->nbuckets; b++)
         if (d->bucket_pending[b] != 0)
             fatal("internal: bucket %d has %d parameters never marked ready", b, d->bucket_pending[b]);
@@ -74,6 +77,20 @@ void ddp_gather_params(DDP* d) {
         comm_allgather(d->comm, (char*)d->params + L->buckets[b].start * es, L->buckets[b].len,
                        d->be->dtype, &d->handles[b]);
     for (int b = 0; b < L->nbuckets; b++) comm_wait(d->comm, &d->handles[b]);
+}
+
+void ddp_overlap_report(const DDP* d, FILE* f) {
+    const Layout* L = d->L;
+    fprintf(f, "overlap: %d bucket reductions launched at", L->nbuckets);
+    int shown = 0;
+    for (int b = 0; b < L->nbuckets; b++) {
+        if (L->nbuckets > 8 && b >= 4 && b < L->nbuckets - 3) {
+            if (!shown++) fprintf(f, " ...");
+            continue;
+        }
+        fprintf(f, " %.1f", 1000.0 * d->launch_time[b]);
+    }
+    fprintf(f, " ms of a %.1f ms forward+backward (last micro-step)\n", 1000.0 * d->backward_end_time);
 }
 
 void ddp_free(DDP* d) {

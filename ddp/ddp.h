@@ -38,8 +38,9 @@ typedef struct {
     int* group_pending;       /* [ngroups] buckets not yet complete */
     CommHandle* handles;      /* [nbuckets] */
     int launched;             /* buckets launched this step */
-    double* launch_time;      /* [nbuckets] wall time of each launch (for the overlap report) */
-    double backward_end_time;
+    double backward_start_time; /* wall time at the start of the last micro-step */
+    double* launch_time;      /* [nbuckets] launch time of each bucket's reduction, from that start */
+    double backward_end_time; /* end of backward, from that start */
 } DDP;
 
 void ddp_init(DDP* d, const Layout* L, Comm* comm, Backend* be, int zero_stage, void* params,
@@ -53,6 +54,9 @@ void ddp_param_ready(void* ctx, int layout_index);
 void ddp_finish_reductions(DDP* d);
 /* ZeRO-1: after the update, all-gather the param buffer bucket by bucket. */
 void ddp_gather_params(DDP* d);
+/* One line: when each bucket's reduction was launched, against the end of
+ * backward (the evidence that communication overlaps backward). */
+void ddp_overlap_report(const DDP* d, FILE* f);
 void ddp_free(DDP* d);
 
 #endif
