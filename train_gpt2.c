@@ -45,7 +45,7 @@ typedef struct {
     int n_embd, n_head, max_seq_len;
     float learning_rate, learning_rate_decay_frac, weight_decay, grad_clip, beta1, beta2, eps;
     int val_loss_every, val_max_steps, sample_every, sample_tokens;
-    int zero_stage, shuffle, seed, buckets_per_group, tf32;
+    int zero_stage, shuffle, seed, buckets_per_group, tf32, recompute;
     long long bucket_size;
     float comm_timeout;
 } Args;
@@ -95,10 +95,10 @@ static void args_defaults(Args* a) {
     a->comm_timeout = 300.0f;
 }
 
-#define NFLAGS 38
+#define NFLAGS 64   /* capacity of the flag table */
 static int make_flags(Args* a, Flag* f) {
     int n = 0;
-#define FL(nm, ty, p, h) f[n++] = (Flag){nm, ty, p, h}
+#define FL(nm, ty, p, h) do { if (n >= NFLAGS) fatal("internal: more than %d flags", NFLAGS); f[n++] = (Flag){nm, ty, p, h}; } while (0)
     FL("input_bin", F_STR, &a->input_bin, "glob of training token shards (llm.c format)");
     FL("input_val_bin", F_STR, &a->input_val_bin, "glob of validation token shards ('' = none)");
     FL("tokenizer", F_STR, &a->tokenizer, "llm.c tokenizer file, to decode samples");
@@ -129,6 +129,7 @@ static int make_flags(Args* a, Flag* f) {
     FL("device", F_STR, &a->device, "auto | cpu | cuda");
     FL("dtype", F_STR, &a->dtype, "auto | fp32 | bf16 (auto: bf16 on cuda, fp32 on cpu)");
     FL("tf32", F_INT, &a->tf32, "allow TF32 matmuls in fp32 mode on cuda (0 | 1)");
+    FL("recompute", F_INT, &a->recompute, "activation recomputation: 0 none, 1 GELU outputs, 2 also layernorm outputs");
     FL("zero_stage", F_INT, &a->zero_stage, "0 = DDP (all-reduce, full optimizer state), 1 = ZeRO-1 distributed optimizer");
     FL("use_distributed_optimizer", F_SWITCH, &a->zero_stage, "alias of --zero_stage 1 (takes no value)");
     FL("bucket_size", F_LL, &a->bucket_size, "gradient bucket size in ELEMENTS (suffix K or M allowed: 4M = 4,000,000)");
@@ -172,7 +173,7 @@ static long long parse_size(const char* flag, const char* s) {
 }
 
 static void parse_args(Args* a, int argc, char** argv, int rank) {
-    Flag flags[NFLAGS + 4];
+    Flag flags[NFLAGS];
     int nf = make_flags(a, flags);
     for (int i = 1; i < argc; i++) {
         const char* arg = argv[i];
@@ -313,6 +314,7 @@ int main(int argc, char** argv) {
     if (a.zero_stage < 0 || a.zero_stage > 1)
         fatal("--zero_stage %d is not supported: 0 = DDP, 1 = ZeRO-1 distributed optimizer", a.zero_stage);
     if (a.shuffle != 0 && a.shuffle != 1) fatal("flag --shuffle must be 0 or 1 (got %d)", a.shuffle);
+    if (a.recompute < 0 || a.recompute > 2) fatal("flag --recompute must be 0, 1 or 2 (got %d)", a.recompute);
     if (a.tf32 != 0 && a.tf32 != 1) fatal("flag --tf32 must be 0 or 1 (got %d)", a.tf32);
     LrSchedule sched;
     if (lr_schedule_parse(a.lr_schedule, &sched) != 0)
@@ -383,6 +385,7 @@ int main(int argc, char** argv) {
     gpt2_bind(&model, be, &layout);
     if (from_file) gpt2_load(&model, a.model);
     else gpt2_init_random(&model, (uint64_t)a.seed);
+    model.recompute = a.recompute;
     gpt2_alloc_activations(&model, B, T);
 
     /* ---- optimizer over this rank's pieces; reducer over the buckets ---- */

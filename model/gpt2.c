@@ -326,14 +326,15 @@ static size_t acts_layout(const GPT2* m, int B, int T, Acts* a, char* base) {
     } while (0)
     /* X tensors are carved as char (sizeof 1 -> element size es) */
     CARVE(a->encoded, char, BT * C);
-    CARVE(a->ln1, char, L * BT * C);
+    size_t Lln = m->recompute >= 2 ? 1 : L, Lgelu = m->recompute >= 1 ? 1 : L;
+    CARVE(a->ln1, char, Lln * BT * C);
     CARVE(a->qkv, char, L * BT * 3 * C);
     CARVE(a->atty, char, L * BT * C);
     CARVE(a->attproj, char, BT * C);          /* only feeds the residual: shared */
     CARVE(a->res2, char, L * BT * C);
-    CARVE(a->ln2, char, L * BT * C);
+    CARVE(a->ln2, char, Lln * BT * C);
     CARVE(a->fch, char, L * BT * 4 * C);
-    CARVE(a->fch_gelu, char, L * BT * 4 * C);
+    CARVE(a->fch_gelu, char, Lgelu * BT * 4 * C);
     CARVE(a->fcproj, char, BT * C);           /* shared likewise */
     CARVE(a->res3, char, L * BT * C);
     CARVE(a->lnf, char, BT * C);
@@ -399,13 +400,14 @@ float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T,
                           P(m, m->params, GPT2_LN1W, 0), P(m, m->params, GPT2_LN1B, 0), (int)BT, (int)C);
     for (int l = 0; l < L; l++) {
         void* res_in = l == 0 ? a.encoded : X(m, a.res3, (size_t)(l - 1) * BTa * C);
-        void* ln1 = X(m, a.ln1, (size_t)l * BTa * C);
+        size_t lln = m->recompute >= 2 ? 0 : (size_t)l, lg = m->recompute >= 1 ? 0 : (size_t)l;
+        void* ln1 = X(m, a.ln1, lln * BTa * C);
         void* qkv = X(m, a.qkv, (size_t)l * BTa * 3 * C);
         void* atty = X(m, a.atty, (size_t)l * BTa * C);
         void* res2 = X(m, a.res2, (size_t)l * BTa * C);
-        void* ln2 = X(m, a.ln2, (size_t)l * BTa * C);
+        void* ln2 = X(m, a.ln2, lln * BTa * C);
         void* fch = X(m, a.fch, (size_t)l * BTa * 4 * C);
-        void* fchg = X(m, a.fch_gelu, (size_t)l * BTa * 4 * C);
+        void* fchg = X(m, a.fch_gelu, lg * BTa * 4 * C);
         void* res3 = X(m, a.res3, (size_t)l * BTa * C);
         float* lse = a.lse + (size_t)l * BTa * NH;
         be->matmul_forward(be, qkv, NULL, ln1, P(m, m->params, GPT2_QKVW, l),
@@ -422,7 +424,7 @@ float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T,
         be->matmul_forward(be, a.fcproj, NULL, fchg, P(m, m->params, GPT2_FCPROJW, l),
                            P(m, m->params, GPT2_FCPROJB, l), (int)BT, (int)(4 * C), (int)C);
         if (l + 1 < L) {
-            be->residual_layernorm_forward(be, res3, X(m, a.ln1, (size_t)(l + 1) * BTa * C),
+            be->residual_layernorm_forward(be, res3, X(m, a.ln1, (m->recompute >= 2 ? 0 : (size_t)(l + 1)) * BTa * C),
                                            a.ln1_mean + (size_t)(l + 1) * BTa,
                                            a.ln1_rstd + (size_t)(l + 1) * BTa, res2, a.fcproj,
                                            P(m, m->params, GPT2_LN1W, l + 1),
@@ -478,14 +480,21 @@ void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx) {
     }
     for (int l = L - 1; l >= 0; l--) {
         void* res_in = l == 0 ? a.encoded : X(m, a.res3, (size_t)(l - 1) * BTa * C);
-        void* ln1 = X(m, a.ln1, (size_t)l * BTa * C);
+        size_t lln = m->recompute >= 2 ? 0 : (size_t)l, lg = m->recompute >= 1 ? 0 : (size_t)l;
+        void* ln1 = X(m, a.ln1, lln * BTa * C);
         void* qkv = X(m, a.qkv, (size_t)l * BTa * 3 * C);
         void* atty = X(m, a.atty, (size_t)l * BTa * C);
         void* res2 = X(m, a.res2, (size_t)l * BTa * C);
-        void* ln2 = X(m, a.ln2, (size_t)l * BTa * C);
+        void* ln2 = X(m, a.ln2, lln * BTa * C);
         void* fch = X(m, a.fch, (size_t)l * BTa * 4 * C);
-        void* fchg = X(m, a.fch_gelu, (size_t)l * BTa * 4 * C);
+        void* fchg = X(m, a.fch_gelu, lg * BTa * 4 * C);
         float* lse = a.lse + (size_t)l * BTa * NH;
+        /* recompute what forward did not keep (the shared buffers hold another layer's) */
+        if (m->recompute >= 1) be->gelu_forward(be, fchg, fch, BT * 4 * C);
+        if (m->recompute >= 2) {
+            be->layernorm_forward(be, ln2, a.ln2_mean + (size_t)l * BTa, a.ln2_rstd + (size_t)l * BTa,
+                                  res2, P(m, W, GPT2_LN2W, l), P(m, W, GPT2_LN2B, l), (int)BT, (int)C);
+        }
         /* MLP: dres is the gradient of res3 (= res2 + fcproj) */
         be->matmul_backward(be, a.dfch, P(m, G, GPT2_FCPROJW, l), P(m, G, GPT2_FCPROJB, l), a.dres,
                             fchg, P(m, W, GPT2_FCPROJW, l), fch, (int)BT, (int)(4 * C), (int)C);
@@ -498,6 +507,9 @@ void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx) {
         be->matmul_backward(be, a.dbtc, P(m, G, GPT2_ATTPROJW, l), P(m, G, GPT2_ATTPROJB, l),
                             a.dres, atty, P(m, W, GPT2_ATTPROJW, l), NULL, (int)BT, (int)C, (int)C);
         be->attention_backward(be, a.dqkv, a.dbtc, qkv, atty, lse, B, T, (int)C, NH);
+        if (m->recompute >= 2)
+            be->layernorm_forward(be, ln1, a.ln1_mean + (size_t)l * BTa, a.ln1_rstd + (size_t)l * BTa,
+                                  res_in, P(m, W, GPT2_LN1W, l), P(m, W, GPT2_LN1B, l), (int)BT, (int)C);
         be->matmul_backward(be, a.dbtc, P(m, G, GPT2_QKVW, l), P(m, G, GPT2_QKVB, l), a.dqkv, ln1,
                             P(m, W, GPT2_QKVW, l), NULL, (int)BT, (int)C, (int)(3 * C));
         be->layernorm_backward(be, a.dres, P(m, G, GPT2_LN1W, l), P(m, G, GPT2_LN1B, l), a.dbtc,

@@ -53,7 +53,10 @@ typedef struct {
     void* grads;
     /* activations, allocated for (B, T) by gpt2_alloc_activations */
     int B, T;
-    int recompute;          /* reserved for the CUDA issue; 0 here */
+    int recompute;          /* activation recomputation, set before gpt2_alloc_activations:
+                             * 0 none; 1 GELU outputs recomputed in backward (one shared
+                             * [B,T,4C] buffer instead of L); 2 also the layernorm outputs
+                             * ln1, ln2 (one shared [B,T,C] each) */
     void* acts;             /* one block */
     size_t acts_bytes;
     int* inputs_dev;

@@ -43,6 +43,12 @@ check "two identical single-process runs: identical parameters" build/compare_mo
 first=$(losses "$TMP/det1" | head -1); last=$(losses "$TMP/det1" | tail -1)
 check "loss falls over 10 steps ($first -> $last)" awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.05) }'
 
+run "$TMP/rec1" 0 --recompute 1 && run "$TMP/rec2" 0 --recompute 2
+check "--recompute 1 (GELU recomputed): bit-identical losses" same_losses "$TMP/det1" "$TMP/rec1"
+check "--recompute 2 (GELU and layernorms recomputed): bit-identical losses" same_losses "$TMP/det1" "$TMP/rec2"
+check "--recompute 2: bit-identical parameters" build/compare_models "$TMP/det1/model.bin" "$TMP/rec2/model.bin" --exact
+check "--recompute 2 uses less activation memory" [ "$(grep -o 'activations [0-9.]* MB' "$TMP/rec2/out.txt")" != "$(grep -o 'activations [0-9.]* MB' "$TMP/det1/out.txt")" ]
+
 # ---- references: single process, same global batch (B*T*N*accum) ----
 for prod in 1 2 3 4 6 8; do
     run "$TMP/ref$prod" 0 --total_batch_size $((2*16*prod)) || bad "reference run x$prod"
