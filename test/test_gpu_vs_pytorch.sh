@@ -21,7 +21,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --cpu) MODE=cpu ;;
         --out) [ $# -ge 2 ] || { echo "error: --out needs a folder" >&2; exit 2; }; OUTDIR="$2"; shift ;;
-        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
         *) echo "error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
     shift

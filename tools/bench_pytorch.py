@@ -153,13 +153,23 @@ def flops_per_token(L, C, Vp, T):
     return 6.0 * (12.0 * L * C * C + Vp * C) + 12.0 * L * C * T
 
 
-def bench_one(a, B, L, C, NH):
+def is_oom(e):
+    oom = getattr(torch.cuda, "OutOfMemoryError", None)
+    return (oom is not None and isinstance(e, oom)) or "out of memory" in str(e).lower() or \
+        "can't allocate memory" in str(e)
+
+
+def error_text(e):
+    return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
+
+
+def bench_one(a, B, L, C, NH, compile_it):
     dev = a.device
     torch.manual_seed(1337)
     model = GPT(L, C, NH, a.max_seq_len, V_PADDED, a.loss_vocab).to(dev)
     opt, opt_kind = make_optimizer(model, a.lr, 0.1, dev, not a.no_fused)
     fwd = model
-    if not a.no_compile:
+    if compile_it:
         if not hasattr(torch, "compile"):
             raise RuntimeError("this torch has no torch.compile (use --no_compile)")
         fwd = torch.compile(model, dynamic=False)
@@ -217,7 +227,7 @@ def bench_one(a, B, L, C, NH):
         "peak_reserved_mb": None,
         "last_loss": round(last_loss, 6),
         "optimizer": opt_kind,
-        "compiled": not a.no_compile,
+        "compiled": compile_it,
     }
     if dev == "cuda":
         res["peak_alloc_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
@@ -288,12 +298,25 @@ def main():
 
     results = {}
     for B in Bs:
+        retry_eager = False
         try:
-            results[str(B)] = bench_one(a, B, L, C, NH)
+            results[str(B)] = bench_one(a, B, L, C, NH, not a.no_compile)
         except Exception as e:  # noqa: BLE001  (OOM or anything else: keep the other B values)
-            msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
-            results[str(B)] = {"error": msg}
+            results[str(B)] = {"error": error_text(e)}
+            # a failed compile (not an OOM) falls back to eager, marked "compiled": false
+            retry_eager = not a.no_compile and not is_oom(e)
         cleanup(a.device)
+        if retry_eager:
+            cerr = results[str(B)]["error"]
+            print(f"B {B:4d} | torch.compile failed ({cerr}); retrying eager", flush=True)
+            try:
+                results[str(B)] = bench_one(a, B, L, C, NH, False)
+                results[str(B)]["compile_error"] = cerr
+            except Exception as e:  # noqa: BLE001
+                results[str(B)] = {"error": "eager after a failed compile: " + error_text(e)}
+            cleanup(a.device)
+            a.no_compile = True  # it would fail again for the next B: don't spend the time
+            print("bench_pytorch: the remaining batch sizes run eager", flush=True)
         r = results[str(B)]
         if "error" in r:
             print(f"B {B:4d} | FAILED: {r['error']}", flush=True)
@@ -301,7 +324,7 @@ def main():
             mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
             mem = (f"peak {r['peak_alloc_mb']:.0f} MB alloc, {r['peak_reserved_mb']:.0f} MB reserved"
                    if r["peak_alloc_mb"] is not None else "peak memory n/a")
-            print(f"B {B:4d} | {r['ms']:.2f} ms/step median ({r['ms_mean']:.2f} mean) | "
+            print(f"B {B:4d} | {'' if r['compiled'] else 'EAGER | '}{r['ms']:.2f} ms/step median ({r['ms_mean']:.2f} mean) | "
                   f"{r['tokens_per_s']:.0f} tok/s | mfu {mfu} | {mem} | "
                   f"loss {r['last_loss']:.4f}", flush=True)
         if a.json:  # rewrite after each B: a later crash or timeout keeps what was measured
