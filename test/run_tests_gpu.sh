@@ -38,8 +38,8 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
     build/make_shard "$tmp/s.bin" 20000 1
     for tool in memcheck racecheck; do
         run_suite "sanitizer_$tool" compute-sanitizer --tool $tool --error-exitcode 9 \
-            ./train_gpt2 --device cuda --input_bin "$tmp/s.bin" --model d2 --n_embd 128 --max_seq_len 64 \
-            --batch_size 2 --sequence_length 64 --num_iterations 2
+            ./train_gpt2 --device cuda --input_bin "$tmp/s.bin" --model d2 --n_embd 64 --max_seq_len 32 \
+            --batch_size 1 --sequence_length 32 --num_iterations 1
     done
     rm -rf "$tmp"
 fi
