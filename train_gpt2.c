@@ -17,6 +17,10 @@
  *   AdamW over the optimizer's pieces, with the clip scale
  *   zero_stage 1: all-gather the params bucket by bucket
  *   zero the grad buffer (one memset)
+ * A step whose loss or grad norm is not finite makes no update (its grads
+ * are dropped); --max_bad_steps such steps in a row end the run. Every
+ * --checkpoint_every steps the training state goes to a checkpoint
+ * (checkpoint/), from which --resume continues at any number of ranks.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -33,6 +37,7 @@
 #include "comm/comm.h"
 #include "data/dataloader.h"
 #include "data/tokenizer.h"
+#include "checkpoint/checkpoint.h"
 
 /* ------------------------------------------------------------------------ */
 /* Flags                                                                     */
@@ -48,6 +53,8 @@ typedef struct {
     int zero_stage, shuffle, seed, buckets_per_group, tf32, recompute;
     long long bucket_size;
     float comm_timeout;
+    int checkpoint_every, resume, checkpoints_keep, max_bad_steps;
+    int inject_nan_at_step, inject_nan_steps;
 } Args;
 
 typedef enum { F_STR, F_INT, F_LL, F_FLOAT, F_SWITCH } FlagType;
@@ -93,6 +100,8 @@ static void args_defaults(Args* a) {
     a->bucket_size = 4000000;
     a->buckets_per_group = 1;
     a->comm_timeout = 300.0f;
+    a->max_bad_steps = 5;
+    a->inject_nan_steps = 1;
 }
 
 #define NFLAGS 64   /* capacity of the flag table */
@@ -123,7 +132,7 @@ static int make_flags(Args* a, Flag* f) {
     FL("val_max_steps", F_INT, &a->val_max_steps, "validation batches per evaluation");
     FL("sample_every", F_INT, &a->sample_every, "print generated text every K steps (0 = never)");
     FL("sample_tokens", F_INT, &a->sample_tokens, "tokens to generate per sample");
-    FL("output_dir", F_STR, &a->output_dir, "write log.jsonl (per-step figures) here ('' = nowhere)");
+    FL("output_dir", F_STR, &a->output_dir, "write log.jsonl (per-step figures) and checkpoints here ('' = nowhere)");
     FL("save_model", F_STR, &a->save_model, "write the final weights to this llm.c model file ('' = no)");
     FL("save_dtype", F_STR, &a->save_dtype, "fp32 (llm.c version 3) | bf16 (version 5) for saved models");
     FL("device", F_STR, &a->device, "auto | cpu | cuda");
@@ -138,6 +147,12 @@ static int make_flags(Args* a, Flag* f) {
     FL("comm_timeout", F_FLOAT, &a->comm_timeout, "seconds before a stuck collective ends the run on every rank");
     FL("shuffle", F_INT, &a->shuffle, "0 = sequential rows, 1 = rows shuffled per epoch (seeded by --seed)");
     FL("seed", F_INT, &a->seed, "seed of weight init, data shuffle and sampling");
+    FL("checkpoint_every", F_INT, &a->checkpoint_every, "save a checkpoint in --output_dir every K steps and at the end (0 = never)");
+    FL("resume", F_SWITCH, &a->resume, "continue from the newest complete checkpoint in --output_dir, at any number of ranks (takes no value)");
+    FL("checkpoints_keep", F_INT, &a->checkpoints_keep, "keep only the newest K complete checkpoints (0 = keep all)");
+    FL("max_bad_steps", F_INT, &a->max_bad_steps, "stop after K steps in a row with a non-finite loss or grad norm (each is skipped)");
+    FL("inject_nan_at_step", F_INT, &a->inject_nan_at_step, "testing aid: poison steps K .. K+inject_nan_steps-1 (as printed, from 1) on the last rank, alternately a NaN gradient and an infinite loss (0 = off)");
+    FL("inject_nan_steps", F_INT, &a->inject_nan_steps, "testing aid: how many steps in a row --inject_nan_at_step poisons");
 #undef FL
     return n;
 }
@@ -236,13 +251,15 @@ typedef struct {
     FILE* f;
 } RunLog;
 
-static void log_open(RunLog* lg, const char* dir, int rank) {
+/* resume_step >= 0: keep the log of the steps before it and append. */
+static void log_open(RunLog* lg, const char* dir, int rank, int resume_step) {
     lg->f = NULL;
     if (!dir[0] || rank != 0) return;
     if (mkdir(dir, 0755) != 0 && errno != EEXIST) fatal("--output_dir %s: cannot create: %s", dir, strerror(errno));
-    char path[4096];
+    char path[4096], err[1024];
     snprintf(path, sizeof path, "%s/log.jsonl", dir);
-    lg->f = fopen(path, "w");
+    if (resume_step >= 0 && ckpt_log_trim(path, resume_step, err, sizeof err) != 0) fatal("--output_dir: %s", err);
+    lg->f = fopen(path, resume_step >= 0 ? "a" : "w");
     if (!lg->f) fatal("--output_dir: cannot write %s: %s", path, strerror(errno));
 }
 
@@ -277,6 +294,19 @@ static void sample_text(GPT2* m, const Tokenizer* tok, int ntokens, int T, uint6
     free(row);
 }
 
+/* --inject_nan_at_step, a testing aid: poisons this rank's share of the k-th
+ * poisoned step: even k a NaN in the first gradient element it owns (the
+ * grad norm turns NaN), odd k an infinite loss. Returns the loss to use. */
+static double inject_fault(Backend* be, void* grads, const OptPiece* owned, int nowned, int k, double loss) {
+    if (k % 2 == 1 || nowned == 0) return INFINITY;
+    float nan32 = NAN;
+    uint16_t nan16 = 0x7fc0;
+    size_t es = dtype_size(be->dtype);
+    be->to_device(be, (char*)grads + owned[0].buf_off * es, es == 4 ? (const void*)&nan32 : (const void*)&nan16, es);
+    be->synchronize(be);
+    return loss;
+}
+
 static double mb(size_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
 
 int main(int argc, char** argv) {
@@ -306,6 +336,13 @@ int main(int argc, char** argv) {
     check_nonneg("--n_embd", a.n_embd);
     check_nonneg("--n_head", a.n_head);
     check_nonneg("--max_seq_len", a.max_seq_len);
+    check_nonneg("--checkpoint_every", a.checkpoint_every);
+    check_nonneg("--checkpoints_keep", a.checkpoints_keep);
+    check_positive("--max_bad_steps", a.max_bad_steps);
+    check_nonneg("--inject_nan_at_step", a.inject_nan_at_step);
+    check_positive("--inject_nan_steps", a.inject_nan_steps);
+    if ((a.checkpoint_every > 0 || a.resume) && !a.output_dir[0])
+        fatal("--checkpoint_every and --resume need --output_dir (the checkpoints live there)");
     if (a.learning_rate_decay_frac < 0 || a.learning_rate_decay_frac > 1)
         fatal("flag --learning_rate_decay_frac must be in [0, 1] (got %g)", a.learning_rate_decay_frac);
     if (a.beta1 < 0 || a.beta1 >= 1) fatal("flag --beta1 must be in [0, 1) (got %g)", a.beta1);
@@ -439,8 +476,20 @@ int main(int argc, char** argv) {
     }
     comm_barrier(&comm);
 
+    /* ---- checkpoints: check --output_dir; with --resume, load the newest complete one ---- */
+    CkptHparams hp = {.sequence_length = T, .seed = a.seed, .shuffle = a.shuffle, .train_rows = train.nrows,
+                      .total_batch_size = a.total_batch_size, .batch_size = B, .world = world,
+                      .zero_stage = a.zero_stage, .num_iterations = a.num_iterations, .lr_schedule = (int)sched,
+                      .warmup_iters = a.warmup_iters, .learning_rate = a.learning_rate,
+                      .lr_decay_frac = a.learning_rate_decay_frac, .weight_decay = a.weight_decay,
+                      .beta1 = a.beta1, .beta2 = a.beta2, .eps = a.eps, .grad_clip = a.grad_clip};
+    Checkpointer ck;
+    ckpt_init(&ck, &comm, &model, &layout, &opt, a.output_dir, a.checkpoint_every, a.checkpoints_keep, &hp);
+    CkptProgress prog;   /* steps done, the data position, non-finite steps in a row */
+    int resumed = ckpt_start(&ck, a.resume, &prog);
+
     RunLog lg;
-    log_open(&lg, a.output_dir, rank);
+    log_open(&lg, a.output_dir, rank, resumed ? prog.step : -1);
     int* inputs = xmalloc(sizeof(int) * (size_t)B * T);
     int* targets = xmalloc(sizeof(int) * (size_t)B * T);
     const size_t grad_bytes = layout.total * dtype_size(be->dtype);
@@ -451,7 +500,7 @@ int main(int argc, char** argv) {
     double total_time = 0.0;
     int timed_steps = 0;
 
-    for (int step = 0; step <= a.num_iterations; step++) {
+    for (int step = prog.step; step <= a.num_iterations; step++) {
         int last = step == a.num_iterations;
         /* ---- validation ---- */
         if (have_val && (step % a.val_loss_every == 0 || last)) {
@@ -479,7 +528,7 @@ int main(int argc, char** argv) {
         double t0 = wall_time_s();
         double loss_sum = 0.0;
         for (int micro = 0; micro < accum; micro++) {
-            uint64_t first = (uint64_t)step * rows_per_step + ((uint64_t)micro * world + rank) * B;
+            uint64_t first = prog.next_row + ((uint64_t)micro * world + rank) * B;
             dataloader_rows(&train, first, B, inputs, targets);
             ddp_begin_micro_step(&ddp, micro == accum - 1);
             loss_sum += gpt2_forward(&model, inputs, targets, B, T, dloss);
@@ -487,6 +536,9 @@ int main(int argc, char** argv) {
         }
         ddp_finish_reductions(&ddp);
         if (rank == 0 && world > 1 && (step == 0 || step == a.num_iterations - 1)) ddp_overlap_report(&ddp, stdout);
+        int poisoned = step + 1 - a.inject_nan_at_step;
+        if (a.inject_nan_at_step > 0 && poisoned >= 0 && poisoned < a.inject_nan_steps && rank == world - 1)
+            loss_sum = inject_fault(be, model.grads, norm_pieces, nnorm, poisoned, loss_sum);
         double sq = be->grad_sumsq(be, model.grads, norm_pieces, nnorm);
         double sums[2] = {sq, loss_sum / accum};
         comm_allreduce_host_sum(&comm, sums, 2);
@@ -494,19 +546,36 @@ int main(int argc, char** argv) {
         double loss = sums[1] / world;
         float lr = lr_at_step(sched, step, a.warmup_iters, a.num_iterations, a.learning_rate,
                               a.learning_rate_decay_frac);
-        float scale = (a.grad_clip > 0 && norm > a.grad_clip) ? (float)(a.grad_clip / norm) : 1.0f;
-        optimizer_step(&opt, model.params, model.grads, lr, a.beta1, a.beta2, a.eps, a.weight_decay,
-                       scale, (uint32_t)(a.seed * 7919 + step));
-        if (a.zero_stage == 1) ddp_gather_params(&ddp);
+        /* every rank sees the same reduced loss and norm, so every rank decides alike */
+        int finite = isfinite(loss) && isfinite(norm);
+        if (finite) {
+            float scale = (a.grad_clip > 0 && norm > a.grad_clip) ? (float)(a.grad_clip / norm) : 1.0f;
+            optimizer_step(&opt, model.params, model.grads, lr, a.beta1, a.beta2, a.eps, a.weight_decay,
+                           scale, (uint32_t)(a.seed * 7919 + step));
+            if (a.zero_stage == 1) ddp_gather_params(&ddp);
+            prog.bad_streak = 0;
+        } else {
+            prog.bad_streak++;   /* no update: the params and the optimizer state stay as they were */
+        }
         be->zero(be, model.grads, grad_bytes);
         be->synchronize(be);
+        prog.step = step + 1;
+        prog.next_row += rows_per_step;
         double dt_s = wall_time_s() - t0;
 
         if (step > 0 || a.num_iterations == 1) { total_time += dt_s; timed_steps++; }
         double tps = (double)a.total_batch_size / dt_s;
         double mfu = peak_flops > 0 ? flops_per_step / dt_s / peak_flops : -1.0;
         double peak_alloc = mb(be->mem.peak), peak_res = mb(be->peak_reserved(be));
-        if (rank == 0) {
+        if (rank == 0 && !finite) {
+            const char* what = !isfinite(loss) && !isfinite(norm) ? "loss and grad norm" : !isfinite(loss) ? "loss" : "grad norm";
+            printf("step %4d/%d | non-finite %s (loss %g, norm %g): update skipped (%d in a row, --max_bad_steps %d)\n",
+                   step + 1, a.num_iterations, what, loss, norm, prog.bad_streak, a.max_bad_steps);
+            if (lg.f) {
+                fprintf(lg.f, "{\"step\":%d,\"skipped\":1,\"bad_in_a_row\":%d}\n", step + 1, prog.bad_streak);
+                fflush(lg.f);
+            }
+        } else if (rank == 0) {
             int left = a.num_iterations - step - 1;
             double avg = timed_steps ? total_time / timed_steps : dt_s;
             double eta = left * avg;
@@ -524,7 +593,20 @@ int main(int argc, char** argv) {
                 fflush(lg.f);
             }
         }
+        if (prog.bad_streak >= a.max_bad_steps) {
+            char last[4200];
+            if (ck.last_step >= 0)
+                snprintf(last, sizeof last, "the last complete checkpoint is %s/ckpt_%08d (step %d): fix the cause "
+                         "(e.g. a lower --learning_rate) and continue with --resume", a.output_dir, ck.last_step, ck.last_step);
+            else
+                snprintf(last, sizeof last, "no checkpoint was written (--checkpoint_every %d)", a.checkpoint_every);
+            if (lg.f) fclose(lg.f);
+            ckpt_fail_all(&comm, "step %d: %d steps in a row had a non-finite loss or grad norm (--max_bad_steps %d): "
+                          "stopping; %s", step + 1, prog.bad_streak, a.max_bad_steps, last);
+        }
+        if (ckpt_due(&ck, prog.step)) ckpt_save(&ck, &prog);
     }
+    if (a.checkpoint_every > 0 && ck.last_step != prog.step) ckpt_save(&ck, &prog);
 
     if (a.save_model[0] && rank == 0) {
         gpt2_save(&model, a.save_model, save_version);
@@ -539,6 +621,7 @@ int main(int argc, char** argv) {
     free(inputs);
     free(targets);
     free(norm_pieces);
+    ckpt_free(&ck);
     if (have_tok) tokenizer_free(&tok);
     if (have_val) dataloader_free(&val);
     dataloader_free(&train);
