@@ -720,9 +720,7 @@ int ckpt_read_state(const char* path, Backend* be, size_t P, const CkptSpan* spa
     return rc;
 }
 
-/* Every rank: its owned ranges of master/m/v into state.bin at their
- * canonical offsets; rank 0 (header != NULL) also writes the header. */
-static int ckpt_write_state(const char* path, Backend* be, size_t P, const unsigned char* header,
+int ckpt_write_state(const char* path, Backend* be, size_t P, const unsigned char* header,
                             const CkptSpan* spans, int nspans, const float* master, const float* m,
                             const float* v, char* err, size_t errlen) {
     int fd = open(path, O_WRONLY | O_CREAT, 0644);

@@ -185,6 +185,13 @@ int ckpt_done_parse(const char* text, size_t n, CkptDone* d, char* err, size_t e
  * and P. Fills *h. 0 or -1 + err (one line naming the file). */
 int ckpt_verify(const char* path, const GPT2Config* cfg, size_t P, CkptHeader* h, char* err,
                 size_t errlen);
+/* Writes the spans of master/m/v (backend memory) into path at their
+ * canonical offsets (creating the file, never truncating it: every rank
+ * writes its own ranges into the one file), and the header too when header
+ * != NULL (rank 0); then fsyncs. 0 or -1 + err naming the file. */
+int ckpt_write_state(const char* path, Backend* be, size_t P, const unsigned char* header,
+                     const CkptSpan* spans, int nspans, const float* master, const float* m,
+                     const float* v, char* err, size_t errlen);
 /* Reads the spans of state.bin (P parameters) into master/m/v (backend
  * memory, through a host staging buffer). 0 or -1 + err. */
 int ckpt_read_state(const char* path, Backend* be, size_t P, const CkptSpan* spans, int nspans,

@@ -1,0 +1,451 @@
+/* test/test_ckpt.c — unit tests of checkpoint/checkpoint.c, no MPI:
+ *  - CRC-32: the standard check value, and a bit-by-bit reference over
+ *    random data in random chunks;
+ *  - state.bin header: encode -> decode round trip, rejection of corrupt
+ *    fields; DONE: the exact format and rejection of near misses;
+ *  - canonical order: for world sizes 1..6, zero_stage 0 and 1, one bucket
+ *    and many tiny buckets, every rank writes its owned ranges into one file
+ *    (as the trainer does); the file must equal a reference built
+ *    independently through the model's own llm.c-order tensor placement
+ *    (gpt2_params_from_host), and every other configuration must read back
+ *    exactly the state its optimizer would hold (optimizer_init's copy);
+ *  - ckpt_verify on a directory: a good one passes; a flipped byte, a
+ *    truncated file, a missing file, another model shape each fail, naming
+ *    the problem;
+ *  - log.jsonl trimming on resume. */
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../checkpoint/checkpoint.h"
+#include "../common/util.h"
+#include "test.h"
+
+static char g_dir[256];
+
+static uint32_t ref_crc32(const unsigned char* p, size_t n) {
+    uint32_t c = 0xFFFFFFFFu;
+    for (size_t i = 0; i < n; i++) {
+        c ^= p[i];
+        for (int k = 0; k < 8; k++) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
+    }
+    return ~c;
+}
+
+static void test_crc(void) {
+    CHECK(ckpt_crc32(0, "123456789", 9) == 0xCBF43926u, "crc32('123456789') = %08x, expected cbf43926",
+          ckpt_crc32(0, "123456789", 9));
+    CHECK(ckpt_crc32(0, "", 0) == 0, "crc32 of nothing is 0");
+    Rng r;
+    rng_seed(&r, 5);
+    unsigned char buf[3000];
+    int bad = 0;
+    for (int trial = 0; trial < 200; trial++) {
+        size_t n = (size_t)(rng_u64(&r) % sizeof buf);
+        for (size_t i = 0; i < n; i++) buf[i] = (unsigned char)rng_u64(&r);
+        uint32_t want = ref_crc32(buf, n), c = 0;
+        size_t off = 0;
+        while (off < n) {   /* random chunking: the running value must chain */
+            size_t k = 1 + (size_t)(rng_u64(&r) % 97);
+            if (k > n - off) k = n - off;
+            c = ckpt_crc32(c, buf + off, k);
+            off += k;
+        }
+        if (c != want || ckpt_crc32(0, buf, n) != want) bad++;
+    }
+    CHECK(bad == 0, "crc32: %d of 200 random buffers disagree with the bitwise reference", bad);
+    printf("crc32: check value and 200 random chunked buffers against the bitwise reference\n");
+}
+
+static GPT2Config tiny_cfg(void) {
+    GPT2Config c = {.max_seq_len = 16, .vocab_size = 60, .padded_vocab_size = 64, .num_layers = 2,
+                    .num_heads = 2, .channels = 8};
+    return c;
+}
+
+static CkptHeader sample_header(const GPT2Config* cfg, size_t P) {
+    CkptHeader h;
+    memset(&h, 0, sizeof h);
+    h.version = CKPT_VERSION;
+    h.num_parameters = P;
+    h.cfg = *cfg;
+    h.progress = (CkptProgress){.step = 17, .next_row = 1234567890123ull, .bad_streak = 2};
+    h.opt_t = 15;
+    h.dtype = 1;
+    h.hp = (CkptHparams){.sequence_length = 16, .seed = -42, .shuffle = 1, .train_rows = 999,
+                         .total_batch_size = 1LL << 40, .batch_size = 3, .world = 5, .zero_stage = 1,
+                         .num_iterations = 100, .lr_schedule = 2, .warmup_iters = 7,
+                         .learning_rate = 3e-4f, .lr_decay_frac = 0.1f, .weight_decay = 0.1f,
+                         .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .grad_clip = 1.0f};
+    return h;
+}
+
+static size_t num_params(const GPT2Config* cfg) {
+    GPT2 m;
+    memset(&m, 0, sizeof m);
+    int n;
+    free(gpt2_describe(&m, cfg, &n));
+    free(m.tensors);
+    free(m.layout_to_tensor);
+    return m.num_parameters;
+}
+
+static void test_header(void) {
+    GPT2Config cfg = tiny_cfg();
+    size_t P = num_params(&cfg);
+    CkptHeader h = sample_header(&cfg, P), d;
+    unsigned char buf[CKPT_HEADER_BYTES], bad[CKPT_HEADER_BYTES];
+    char err[512];
+    ckpt_header_encode(&h, buf);
+    int rc = ckpt_header_decode(buf, sizeof buf, &d, err, sizeof err);
+    CHECK(rc == 0, "decode of an encoded header failed: %s", err);
+    CHECK(memcmp(&h.cfg, &d.cfg, sizeof h.cfg) == 0 && d.num_parameters == P, "header: shape round trip");
+    CHECK(d.progress.step == 17 && d.progress.next_row == 1234567890123ull && d.progress.bad_streak == 2 &&
+              d.opt_t == 15 && d.dtype == 1, "header: progress round trip");
+    CHECK(memcmp(&h.hp, &d.hp, sizeof h.hp) == 0, "header: hyperparameters round trip (seed %d, lr %g)",
+          d.hp.seed, d.hp.learning_rate);
+    /* corruptions: each must be refused with a reason */
+    struct { int slot; uint64_t val; const char* what; } cases[] = {
+        {0, 12345, "magic"}, {1, 2, "version"}, {2, 512, "header size"}, {3, 1000, "parameter count"},
+        {4, (uint64_t)-1, "negative step"}, {6, 18, "AdamW t above the step"}, {8, 0, "maxT 0"},
+        {10, 59, "padded vocab below vocab"}, {12, 3, "heads not dividing C"}, {14, 17, "T above maxT"},
+        {16, 2, "shuffle 2"}, {17, 0, "no training rows"}, {18, 0, "total batch 0"}, {21, 5, "zero_stage 5"},
+        {23, 9, "unknown schedule"}, {25, 0x7fc00000u, "NaN learning rate"}, {30, 0x7f800000u, "Inf eps"},
+        {11, 1u << 20, "absurd layer count"}};
+    int nc = (int)(sizeof cases / sizeof cases[0]);
+    for (int i = 0; i < nc; i++) {
+        memcpy(bad, buf, sizeof buf);
+        for (int b = 0; b < 8; b++) bad[cases[i].slot * 8 + b] = (unsigned char)(cases[i].val >> (8 * b));
+        err[0] = '\0';
+        int r = ckpt_header_decode(bad, sizeof bad, &d, err, sizeof err);
+        CHECK(r != 0 && err[0], "header with a bad %s was accepted", cases[i].what);
+    }
+    CHECK(ckpt_header_decode(buf, 1000, &d, err, sizeof err) != 0 && strstr(err, "truncated"),
+          "a short header is refused as truncated: %s", err);
+    printf("header: round trip, %d corruptions refused\n", nc);
+
+    const char* good = "gpt2-checkpoint v1\nstep 12\nmodel.bin 6545920 crc32 58724e6e\nstate.bin 19635712 crc32 ad0793a6\n";
+    CkptDone dn;
+    rc = ckpt_done_parse(good, strlen(good), &dn, err, sizeof err);
+    CHECK(rc == 0 && dn.step == 12 && dn.model_bytes == 6545920 && dn.model_crc == 0x58724e6eu &&
+              dn.state_bytes == 19635712 && dn.state_crc == 0xad0793a6u, "DONE: parse of a good marker (%s)", err);
+    const char* near[] = {
+        "gpt2-checkpoint v1\nstep 12\nmodel.bin 6545920 crc32 58724e6e\nstate.bin 19635712 crc32 ad0793a6",
+        "gpt2-checkpoint v1\nstep 12\nmodel.bin 6545920 crc32 58724e6e\nstate.bin 19635712 crc32 ad0793a6\n\n",
+        "gpt2-checkpoint v2\nstep 12\nmodel.bin 6545920 crc32 58724e6e\nstate.bin 19635712 crc32 ad0793a6\n",
+        "gpt2-checkpoint v1\nstep -12\nmodel.bin 6545920 crc32 58724e6e\nstate.bin 19635712 crc32 ad0793a6\n",
+        "gpt2-checkpoint v1\nstep 12\nmodel.bin 6545920 crc32 58724E6E\nstate.bin 19635712 crc32 ad0793a6\n",
+        "gpt2-checkpoint v1\nstep 12\nmodel.bin 6545920 crc32 58724e6\nstate.bin 19635712 crc32 ad0793a6\n",
+        "gpt2-checkpoint v1\nstep 99999999999\nmodel.bin 1 crc32 58724e6e\nstate.bin 1 crc32 ad0793a6\n",
+        "gpt2-checkpoint v1\nstep 12\nstate.bin 19635712 crc32 ad0793a6\nmodel.bin 6545920 crc32 58724e6e\n",
+        "", "gpt2-checkpoint v1\n"};
+    int nn = (int)(sizeof near / sizeof near[0]);
+    for (int i = 0; i < nn; i++)
+        CHECK(ckpt_done_parse(near[i], strlen(near[i]), &dn, err, sizeof err) != 0, "DONE near miss %d accepted", i);
+    printf("DONE: good marker parsed, %d near misses refused\n", nn);
+}
+
+/* ---- canonical order across world sizes, stages and bucket sizes ---- */
+
+typedef struct {
+    int world, zero, small_buckets;
+    Layout L;
+    GPT2 m;
+    LayoutParamSpec* specs;
+    Optimizer* opt;     /* [world] */
+    Checkpointer* ck;   /* [world]: spans only (ckpt_init does no I/O) */
+} Config;
+
+static void config_make(Config* c, Backend* be, const GPT2Config* cfg, const float* ref, int world, int zero,
+                        int small) {
+    memset(c, 0, sizeof *c);
+    c->world = world;
+    c->zero = zero;
+    c->small_buckets = small;
+    int ns;
+    c->specs = gpt2_describe(&c->m, cfg, &ns);
+    char err[256];
+    if (layout_build(&c->L, c->specs, ns, small ? 100 : 100000000, 1, world, 64, err, sizeof err) != 0)
+        fatal("layout: %s", err);
+    gpt2_bind(&c->m, be, &c->L);
+    gpt2_params_from_host(&c->m, ref);   /* the model's own llm.c-order placement */
+    c->opt = xcalloc((size_t)world, sizeof(Optimizer));
+    c->ck = xcalloc((size_t)world, sizeof(Checkpointer));
+    CkptHparams hp;
+    memset(&hp, 0, sizeof hp);
+    for (int r = 0; r < world; r++) {
+        int n;
+        OptPiece* p = layout_opt_pieces(&c->L, zero ? r : -1, &n);
+        optimizer_init(&c->opt[r], be, p, n, c->m.params);   /* master <- params of its pieces */
+        Comm comm;
+        memset(&comm, 0, sizeof comm);
+        comm.rank = r;
+        comm.world = world;
+        ckpt_init(&c->ck[r], &comm, &c->m, &c->L, &c->opt[r], "", 0, 0, &hp);
+        c->ck[r].comm = NULL;
+    }
+}
+
+static void config_free(Config* c) {
+    for (int r = 0; r < c->world; r++) {
+        ckpt_free(&c->ck[r]);
+        optimizer_free(&c->opt[r]);
+    }
+    free(c->ck);
+    free(c->opt);
+    gpt2_free(&c->m);
+    layout_free(&c->L);
+    free(c->specs);
+}
+
+static void test_canonical(void) {
+    Backend* be = backend_cpu_create();
+    GPT2Config cfg = tiny_cfg();
+    size_t P = num_params(&cfg);
+    /* reference values, canonical index i: master 1000 + i, m = 2 x, v = 3 x (all exact in fp32) */
+    float* ref = xmalloc(P * sizeof(float));
+    for (size_t i = 0; i < P; i++) ref[i] = 1000.0f + (float)i;
+    unsigned char* want = xmalloc(CKPT_HEADER_BYTES + 12 * P);
+    CkptHeader h = sample_header(&cfg, P);
+    ckpt_header_encode(&h, want);
+    float* arr = (float*)(want + CKPT_HEADER_BYTES);
+    for (size_t i = 0; i < P; i++) {
+        arr[i] = ref[i];
+        arr[P + i] = 2.0f * ref[i];
+        arr[2 * P + i] = 3.0f * ref[i];
+    }
+    char path[512], err[512];
+    int files_ok = 0, files = 0, reads_ok = 0, reads = 0, tiles_ok = 0;
+    float* got = xmalloc(P * sizeof(float));
+    for (int world = 1; world <= 6; world++)
+        for (int zero = 0; zero <= 1; zero++)
+            for (int small = 0; small <= 1; small++) {
+                Config A;
+                config_make(&A, be, &cfg, ref, world, zero, small);
+                /* the held spans map the optimizer's state exactly onto the reference */
+                int held_ok = 1;
+                for (int r = 0; r < world; r++) {
+                    Optimizer* o = &A.opt[r];
+                    for (int s = 0; s < A.ck[r].nheld; s++) {
+                        const CkptSpan* sp = &A.ck[r].held[s];
+                        if (sp->canon_off + sp->len > P) { held_ok = 0; continue; }
+                        for (size_t i = 0; i < sp->len; i++)
+                            if (o->master[sp->state_off + i] != ref[sp->canon_off + i]) held_ok = 0;
+                    }
+                    for (size_t i = 0; i < o->nstate; i++) {
+                        o->m[i] = 2.0f * o->master[i];
+                        o->v[i] = 3.0f * o->master[i];
+                    }
+                }
+                CHECK(held_ok, "world %d zero %d small %d: state ranges disagree with the model's placement",
+                      world, zero, small);
+                /* owned ranges tile [0, P) once */
+                int* cover = xcalloc(P, sizeof(int));
+                for (int r = 0; r < world; r++)
+                    for (int s = 0; s < A.ck[r].nown; s++)
+                        for (size_t i = 0; i < A.ck[r].own[s].len; i++) cover[A.ck[r].own[s].canon_off + i]++;
+                int tile = 1;
+                for (size_t i = 0; i < P; i++) tile &= cover[i] == 1;
+                free(cover);
+                tiles_ok += tile;
+                CHECK(tile, "world %d zero %d small %d: owned ranges do not tile the parameters once", world, zero, small);
+                /* every rank writes its owned ranges into one file (rank 0 the header) */
+                snprintf(path, sizeof path, "%s/state_w%d_z%d_s%d.bin", g_dir, world, zero, small);
+                unlink(path);
+                int wrc = 0;
+                for (int r = world - 1; r >= 0; r--)   /* any order: the offsets are absolute */
+                    wrc |= ckpt_write_state(path, be, P, r == 0 ? want : NULL, A.ck[r].own, A.ck[r].nown,
+                                            A.opt[r].master, A.opt[r].m, A.opt[r].v, err, sizeof err);
+                FILE* f = fopen(path, "rb");
+                unsigned char* file = xmalloc(CKPT_HEADER_BYTES + 12 * P + 1);
+                size_t n = f ? fread(file, 1, CKPT_HEADER_BYTES + 12 * P + 1, f) : 0;
+                if (f) fclose(f);
+                int same = wrc == 0 && n == CKPT_HEADER_BYTES + 12 * P && memcmp(file, want, n) == 0;
+                free(file);
+                files++;
+                files_ok += same;
+                CHECK(same, "world %d zero %d small %d: state.bin differs from the canonical reference (%zu bytes)",
+                      world, zero, small, n);
+                /* read back at other configurations */
+                for (int w2 = 1; w2 <= 6; w2 += 2)
+                    for (int z2 = 0; z2 <= 1; z2++) {
+                        Config B;
+                        config_make(&B, be, &cfg, ref, w2, z2, !small);
+                        int ok = 1;
+                        for (int r = 0; r < w2; r++) {
+                            Optimizer* o = &B.opt[r];
+                            float* m0 = xmalloc(o->nstate * sizeof(float) + 1);
+                            memcpy(m0, o->master, o->nstate * sizeof(float));   /* what init derived */
+                            for (size_t i = 0; i < o->nstate; i++) o->master[i] = o->m[i] = o->v[i] = -1.0f;
+                            if (ckpt_read_state(path, be, P, B.ck[r].held, B.ck[r].nheld, o->master, o->m, o->v,
+                                                err, sizeof err) != 0) {
+                                ok = 0;
+                                free(m0);
+                                continue;
+                            }
+                            for (size_t i = 0; i < o->nstate; i++)
+                                if (o->master[i] != m0[i] || o->m[i] != 2.0f * m0[i] || o->v[i] != 3.0f * m0[i]) ok = 0;
+                            free(m0);
+                        }
+                        reads++;
+                        reads_ok += ok;
+                        CHECK(ok, "saved at world %d zero %d, read at world %d zero %d: state differs", world, zero,
+                              w2, z2);
+                        config_free(&B);
+                    }
+                unlink(path);
+                config_free(&A);
+            }
+    (void)got;
+    free(got);
+    printf("canonical order: %d/%d configurations tile the parameters, %d/%d files equal the reference, "
+           "%d/%d cross-configuration reads exact\n", tiles_ok, files, files_ok, files, reads_ok, reads);
+    free(ref);
+    free(want);
+    be->destroy(be);
+}
+
+/* ---- ckpt_verify on a checkpoint directory ---- */
+
+static void write_file(const char* path, const void* p, size_t n) {
+    FILE* f = xfopen(path, "wb");
+    xfwrite(p, 1, n, f, path);
+    fclose(f);
+}
+static void write_done(const char* dir) {
+    char mp[512], sp[512], dp[512], err[256], text[512];
+    uint32_t mc = 0, sc = 0;
+    long long mb = 0, sb = 0;
+    snprintf(mp, sizeof mp, "%s/model.bin", dir);
+    snprintf(sp, sizeof sp, "%s/state.bin", dir);
+    snprintf(dp, sizeof dp, "%s/DONE", dir);
+    ckpt_crc32_file(mp, &mc, &mb, err, sizeof err);
+    ckpt_crc32_file(sp, &sc, &sb, err, sizeof err);
+    int n = snprintf(text, sizeof text, "gpt2-checkpoint v1\nstep 17\nmodel.bin %lld crc32 %08x\nstate.bin %lld crc32 %08x\n",
+                     mb, mc, sb, sc);
+    write_file(dp, text, (size_t)n);
+}
+
+static void make_ckpt(const char* dir, const GPT2Config* cfg, size_t P) {
+    mkdir(dir, 0755);
+    char p[512];
+    int32_t mh[256];
+    memset(mh, 0, sizeof mh);
+    mh[0] = 20240326; mh[1] = 3; mh[2] = cfg->max_seq_len; mh[3] = cfg->vocab_size;
+    mh[4] = cfg->num_layers; mh[5] = cfg->num_heads; mh[6] = cfg->channels; mh[7] = cfg->padded_vocab_size;
+    unsigned char* model = xcalloc(1024 + 4 * P, 1);
+    memcpy(model, mh, sizeof mh);
+    snprintf(p, sizeof p, "%s/model.bin", dir);
+    write_file(p, model, 1024 + 4 * P);
+    free(model);
+    unsigned char* state = xcalloc(CKPT_HEADER_BYTES + 12 * P, 1);
+    CkptHeader h = sample_header(cfg, P);
+    ckpt_header_encode(&h, state);
+    snprintf(p, sizeof p, "%s/state.bin", dir);
+    write_file(p, state, CKPT_HEADER_BYTES + 12 * P);
+    free(state);
+    write_done(dir);
+}
+
+static int verify_fails(const char* dir, const GPT2Config* cfg, size_t P, const char* pattern, const char* what) {
+    CkptHeader h;
+    char err[1024] = "";
+    int rc = ckpt_verify(dir, cfg, P, &h, err, sizeof err);
+    int ok = rc != 0 && strstr(err, pattern) != NULL;
+    printf("  %-34s -> %s\n", what, rc ? err : "(accepted)");
+    CHECK(ok, "%s: expected an error containing '%s', got '%s'", what, pattern, rc ? err : "(accepted)");
+    return ok;
+}
+
+static void test_verify(void) {
+    GPT2Config cfg = tiny_cfg();
+    size_t P = num_params(&cfg);
+    char dir[512], p[600], cmd[1200];
+    CkptHeader h;
+    char err[1024];
+    snprintf(dir, sizeof dir, "%s/ckpt", g_dir);
+    make_ckpt(dir, &cfg, P);
+    int rc = ckpt_verify(dir, &cfg, P, &h, err, sizeof err);
+    CHECK(rc == 0 && h.progress.step == 17, "a good checkpoint verifies (%s)", rc ? err : "ok");
+    printf("ckpt_verify:\n");
+    /* flip one byte in the state arrays */
+    snprintf(p, sizeof p, "%s/state.bin", dir);
+    FILE* f = xfopen(p, "r+b");
+    fseek(f, CKPT_HEADER_BYTES + 40, SEEK_SET);
+    fputc(0x5a, f);
+    fclose(f);
+    verify_fails(dir, &cfg, P, "checksum mismatch", "a flipped byte in state.bin");
+    make_ckpt(dir, &cfg, P);
+    snprintf(p, sizeof p, "%s/model.bin", dir);
+    f = xfopen(p, "r+b");
+    fseek(f, 2000, SEEK_SET);
+    fputc(0x01, f);
+    fclose(f);
+    verify_fails(dir, &cfg, P, "checksum mismatch", "a flipped byte in model.bin");
+    make_ckpt(dir, &cfg, P);
+    snprintf(p, sizeof p, "%s/state.bin", dir);
+    if (truncate(p, CKPT_HEADER_BYTES + 100) != 0) perror("truncate");
+    verify_fails(dir, &cfg, P, "truncated", "a truncated state.bin");
+    make_ckpt(dir, &cfg, P);
+    unlink(p);
+    verify_fails(dir, &cfg, P, "missing", "a missing state.bin");
+    make_ckpt(dir, &cfg, P);
+    snprintf(p, sizeof p, "%s/DONE", dir);
+    write_file(p, "gpt2-checkpoint v1\nstep 17\n", 27);
+    verify_fails(dir, &cfg, P, "malformed", "a damaged DONE");
+    /* another shape: the files are intact but describe a wider model */
+    GPT2Config wide = cfg;
+    wide.channels = 16;
+    size_t PW = num_params(&wide);
+    make_ckpt(dir, &wide, PW);
+    verify_fails(dir, &cfg, P, "model shape", "a checkpoint of another model shape");
+    /* a consistent header that lies about the step */
+    make_ckpt(dir, &cfg, P);
+    snprintf(p, sizeof p, "%s/DONE", dir);
+    write_done(dir);
+    snprintf(cmd, sizeof cmd, "sed -i 's/^step 17$/step 18/' %s", p);
+    if (system(cmd) != 0) printf("sed failed\n");
+    verify_fails(dir, &cfg, P, "step", "DONE's step differs from the header's");
+}
+
+/* ---- log.jsonl trimming ---- */
+static void test_log_trim(void) {
+    char p[512], err[256];
+    snprintf(p, sizeof p, "%s/log.jsonl", g_dir);
+    const char* in =
+        "{\"step\":0,\"val_loss\":5}\n{\"step\":1,\"loss\":4}\n{\"step\":2,\"loss\":3}\n{\"step\":2,\"val_loss\":3.5}\n"
+        "{\"step\":3,\"skipped\":1,\"bad_in_a_row\":1}\n{\"step\":4,\"loss\":2}\n{\"step\":4,\"val_loss\":2.5}\n"
+        "{\"step\":5,\"loss\":1}\n";
+    const char* want =
+        "{\"step\":0,\"val_loss\":5}\n{\"step\":1,\"loss\":4}\n{\"step\":2,\"loss\":3}\n{\"step\":2,\"val_loss\":3.5}\n"
+        "{\"step\":3,\"skipped\":1,\"bad_in_a_row\":1}\n{\"step\":4,\"loss\":2}\n";
+    write_file(p, in, strlen(in));
+    int rc = ckpt_log_trim(p, 4, err, sizeof err);
+    char buf[1024] = "";
+    FILE* f = fopen(p, "rb");
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f) fclose(f);
+    buf[n] = '\0';
+    CHECK(rc == 0 && strcmp(buf, want) == 0, "log trim at step 4 kept:\n%s", buf);
+    snprintf(p, sizeof p, "%s/no_such_log.jsonl", g_dir);
+    CHECK(ckpt_log_trim(p, 3, err, sizeof err) == 0, "log trim of a missing log is fine");
+    printf("log.jsonl: trimmed to the lines before the validation at the resume step\n");
+}
+
+int main(void) {
+    snprintf(g_dir, sizeof g_dir, "/tmp/test_ckpt.XXXXXX");
+    if (!mkdtemp(g_dir)) fatal("mkdtemp failed");
+    test_crc();
+    test_header();
+    test_canonical();
+    test_verify();
+    test_log_trim();
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
+    if (system(cmd) != 0) printf("cleanup of %s failed\n", g_dir);
+    return test_done("test_ckpt");
+}
