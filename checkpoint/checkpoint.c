@@ -925,7 +925,7 @@ static void ckpt_decide(const Checkpointer* c, int resume, CkptVerdict* v) {
     }
     for (int i = 0; i < n; i++)
         if (!e[i].complete && (latest < 0 || e[i].step > e[latest].step))
-            printf("resume: skipping the incomplete checkpoint %s/ckpt_%08d%s (no DONE marker)\n", c->dir,
+            printf("resume: skipping the incomplete checkpoint %s/ckpt_%08d%s (its save did not finish)\n", c->dir,
                    e[i].step, e[i].tmp ? ".tmp" : "");
     if (latest < 0) {
         free(e);
