@@ -1,5 +1,12 @@
 /* model/gpt2.c — GPT-2 over the kernel interface: tensors, init, llm.c
- * files, forward, backward. See gpt2.h. */
+ * files, forward, backward. See gpt2.h.
+ *
+ * Forward reads parameters at params + buf_off; backward accumulates
+ * gradients through the per-tensor pointer table grad_ptr (by default
+ * grads + buf_off, so a tensor's gradient sits at the same offset as its
+ * parameter; ZeRO-2 points it at per-bucket working buffers instead). The
+ * optional hooks need_params / need_grads run right before the kernel that
+ * first touches a tensor, naming exactly the tensors that kernel touches. */
 #include "gpt2.h"
 
 #include <math.h>
@@ -151,9 +158,15 @@ void gpt2_bind(GPT2* m, Backend* be, const Layout* L) {
     }
     size_t bytes = L->total * dtype_size(be->dtype);
     m->params = be->alloc(be, bytes, MEM_PARAMS);
-    m->grads = be->alloc(be, bytes, MEM_GRADS);
     be->zero(be, m->params, bytes);
-    be->zero(be, m->grads, bytes);
+    m->grads = NULL;
+    if (!m->shard_grads) {
+        m->grads = be->alloc(be, bytes, MEM_GRADS);
+        be->zero(be, m->grads, bytes);
+    }
+    m->grad_ptr = xcalloc((size_t)m->ntensors, sizeof(void*));
+    for (int li = 0; li < m->ntensors; li++)
+        m->grad_ptr[li] = m->grads ? (char*)m->grads + L->params[li].offset * dtype_size(be->dtype) : NULL;
 }
 
 /* Host fp32 <-> flat buffer, one tensor at a time, through a staging buffer. */
@@ -191,6 +204,7 @@ void gpt2_params_to_host(GPT2* m, float* out) {
         get_tensor(m, m->params, &m->tensors[i], out + m->tensors[i].file_off);
 }
 void gpt2_grads_to_host(GPT2* m, float* out) {
+    if (!m->grads) fatal("internal: gpt2_grads_to_host with sharded gradients (zero_stage 2)");
     for (int i = 0; i < m->ntensors; i++)
         get_tensor(m, m->grads, &m->tensors[i], out + m->tensors[i].file_off);
 }
@@ -371,12 +385,35 @@ void gpt2_alloc_activations(GPT2* m, int B, int T) {
 static void* X(const GPT2* m, void* base, size_t elems) {
     return (char*)base + elems * dtype_size(m->be->dtype);
 }
-static void* P(const GPT2* m, void* buf, int kind, int layer) {
+/* index in m->tensors (file order) of tensor (kind, layer) */
+static int tensor_index(const GPT2* m, int kind, int layer) {
     int L = m->cfg.num_layers;
-    int idx = kind_is_layer(kind) ? 2 + (kind - GPT2_LN1W) * L + layer
-              : kind == GPT2_WTE ? 0 : kind == GPT2_WPE ? 1 : 2 + 12 * L + (kind - GPT2_LNFW);
-    return X(m, buf, m->tensors[idx].buf_off);
+    return kind_is_layer(kind) ? 2 + (kind - GPT2_LN1W) * L + layer
+           : kind == GPT2_WTE ? 0 : kind == GPT2_WPE ? 1 : 2 + 12 * L + (kind - GPT2_LNFW);
 }
+/* a parameter tensor inside the flat param buffer */
+static void* P(const GPT2* m, void* buf, int kind, int layer) {
+    return X(m, buf, m->tensors[tensor_index(m, kind, layer)].buf_off);
+}
+/* where backward accumulates the gradient of tensor (kind, layer) */
+static void* GP(const GPT2* m, int kind, int layer) {
+    void* g = m->grad_ptr[m->tensors[tensor_index(m, kind, layer)].layout_index];
+    if (!g) fatal("internal: no gradient buffer for tensor %s (need_grads hook missing?)",
+                  m->tensors[tensor_index(m, kind, layer)].name);
+    return g;
+}
+/* Tell a hook that the next kernel touches tensors (k1, layer) and, if
+ * k2 >= 0, (k2, layer). */
+static void need(const GPT2* m, gpt2_need_fn fn, void* ctx, int layer, int k1, int k2) {
+    if (!fn) return;
+    int li[2];
+    int n = 0;
+    li[n++] = m->tensors[tensor_index(m, k1, layer)].layout_index;
+    if (k2 >= 0) li[n++] = m->tensors[tensor_index(m, k2, layer)].layout_index;
+    fn(ctx, li, n);
+}
+#define NEED_P(layer, k1, k2) need(m, m->need_params, m->need_params_ctx, (layer), (k1), (k2))
+#define NEED_G(layer, k1, k2) need(m, m->need_grads, m->need_grads_ctx, (layer), (k1), (k2))
 
 float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T, float dloss) {
     Backend* be = m->be;
@@ -392,10 +429,12 @@ float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T,
     memcpy(m->inputs_host_copy, inputs, BT * sizeof(int));
     if (targets) be->to_device(be, m->targets_dev, targets, BT * sizeof(int));
 
+    NEED_P(-1, GPT2_WTE, GPT2_WPE);
     be->encoder_forward(be, a.encoded, m->inputs_dev, P(m, m->params, GPT2_WTE, -1),
                         P(m, m->params, GPT2_WPE, -1), B, T, (int)C);
     /* layer 0's ln1 stands alone; every later ln1 (and lnf) is fused with the
      * residual add that ends the previous layer. */
+    NEED_P(0, GPT2_LN1W, GPT2_LN1B);
     be->layernorm_forward(be, a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded,
                           P(m, m->params, GPT2_LN1W, 0), P(m, m->params, GPT2_LN1B, 0), (int)BT, (int)C);
     for (int l = 0; l < L; l++) {
@@ -410,31 +449,39 @@ float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T,
         void* fchg = X(m, a.fch_gelu, lg * BTa * 4 * C);
         void* res3 = X(m, a.res3, (size_t)l * BTa * C);
         float* lse = a.lse + (size_t)l * BTa * NH;
+        NEED_P(l, GPT2_QKVW, GPT2_QKVB);
         be->matmul_forward(be, qkv, NULL, ln1, P(m, m->params, GPT2_QKVW, l),
                            P(m, m->params, GPT2_QKVB, l), (int)BT, (int)C, (int)(3 * C));
         be->attention_forward(be, atty, lse, qkv, B, T, (int)C, NH);
+        NEED_P(l, GPT2_ATTPROJW, GPT2_ATTPROJB);
         be->matmul_forward(be, a.attproj, NULL, atty, P(m, m->params, GPT2_ATTPROJW, l),
                            P(m, m->params, GPT2_ATTPROJB, l), (int)BT, (int)C, (int)C);
+        NEED_P(l, GPT2_LN2W, GPT2_LN2B);
         be->residual_layernorm_forward(be, res2, ln2, a.ln2_mean + (size_t)l * BTa,
                                        a.ln2_rstd + (size_t)l * BTa, res_in, a.attproj,
                                        P(m, m->params, GPT2_LN2W, l), P(m, m->params, GPT2_LN2B, l),
                                        (int)BT, (int)C);
+        NEED_P(l, GPT2_FCW, GPT2_FCB);
         be->matmul_forward(be, fchg, fch, ln2, P(m, m->params, GPT2_FCW, l),
                            P(m, m->params, GPT2_FCB, l), (int)BT, (int)C, (int)(4 * C));
+        NEED_P(l, GPT2_FCPROJW, GPT2_FCPROJB);
         be->matmul_forward(be, a.fcproj, NULL, fchg, P(m, m->params, GPT2_FCPROJW, l),
                            P(m, m->params, GPT2_FCPROJB, l), (int)BT, (int)(4 * C), (int)C);
         if (l + 1 < L) {
+            NEED_P(l + 1, GPT2_LN1W, GPT2_LN1B);
             be->residual_layernorm_forward(be, res3, X(m, a.ln1, (m->recompute >= 2 ? 0 : (size_t)(l + 1)) * BTa * C),
                                            a.ln1_mean + (size_t)(l + 1) * BTa,
                                            a.ln1_rstd + (size_t)(l + 1) * BTa, res2, a.fcproj,
                                            P(m, m->params, GPT2_LN1W, l + 1),
                                            P(m, m->params, GPT2_LN1B, l + 1), (int)BT, (int)C);
         } else {
+            NEED_P(-1, GPT2_LNFW, GPT2_LNFB);
             be->residual_layernorm_forward(be, res3, a.lnf, a.lnf_mean, a.lnf_rstd, res2, a.fcproj,
                                            P(m, m->params, GPT2_LNFW, -1),
                                            P(m, m->params, GPT2_LNFB, -1), (int)BT, (int)C);
         }
     }
+    NEED_P(-1, GPT2_WTE, -1);
     be->matmul_forward(be, a.logits, NULL, a.lnf, P(m, m->params, GPT2_WTE, -1), NULL, (int)BT,
                        (int)C, c->padded_vocab_size);
     m->cur_B = B;
@@ -463,15 +510,16 @@ void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx) {
     acts_layout(m, m->B, m->T, &a, (char*)m->acts);
     size_t BT = (size_t)B * T, BTa = (size_t)m->B * m->T, C = (size_t)c->channels;
     int L = c->num_layers, NH = c->num_heads;
-    void* G = m->grads;
     void* W = m->params;
 
     /* classifier: logits now hold dlogits; wte's gradient is not final until
      * the encoder's backward */
-    be->matmul_backward(be, a.dbtc, P(m, G, GPT2_WTE, -1), NULL, a.logits, a.lnf,
+    NEED_G(-1, GPT2_WTE, -1);
+    be->matmul_backward(be, a.dbtc, GP(m, GPT2_WTE, -1), NULL, a.logits, a.lnf,
                         P(m, W, GPT2_WTE, -1), NULL, (int)BT, (int)C, c->padded_vocab_size);
     be->zero(be, a.dres, BT * C * dtype_size(be->dtype));
-    be->layernorm_backward(be, a.dres, P(m, G, GPT2_LNFW, -1), P(m, G, GPT2_LNFB, -1), a.dbtc,
+    NEED_G(-1, GPT2_LNFW, GPT2_LNFB);
+    be->layernorm_backward(be, a.dres, GP(m, GPT2_LNFW, -1), GP(m, GPT2_LNFB, -1), a.dbtc,
                            X(m, a.res3, (size_t)(L - 1) * BTa * C), P(m, W, GPT2_LNFW, -1),
                            a.lnf_mean, a.lnf_rstd, (int)BT, (int)C);
     if (ready) {
@@ -496,28 +544,35 @@ void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx) {
                                   res2, P(m, W, GPT2_LN2W, l), P(m, W, GPT2_LN2B, l), (int)BT, (int)C);
         }
         /* MLP: dres is the gradient of res3 (= res2 + fcproj) */
-        be->matmul_backward(be, a.dfch, P(m, G, GPT2_FCPROJW, l), P(m, G, GPT2_FCPROJB, l), a.dres,
+        NEED_G(l, GPT2_FCPROJW, GPT2_FCPROJB);
+        be->matmul_backward(be, a.dfch, GP(m, GPT2_FCPROJW, l), GP(m, GPT2_FCPROJB, l), a.dres,
                             fchg, P(m, W, GPT2_FCPROJW, l), fch, (int)BT, (int)(4 * C), (int)C);
-        be->matmul_backward(be, a.dbtc, P(m, G, GPT2_FCW, l), P(m, G, GPT2_FCB, l), a.dfch, ln2,
+        NEED_G(l, GPT2_FCW, GPT2_FCB);
+        be->matmul_backward(be, a.dbtc, GP(m, GPT2_FCW, l), GP(m, GPT2_FCB, l), a.dfch, ln2,
                             P(m, W, GPT2_FCW, l), NULL, (int)BT, (int)C, (int)(4 * C));
-        be->layernorm_backward(be, a.dres, P(m, G, GPT2_LN2W, l), P(m, G, GPT2_LN2B, l), a.dbtc,
+        NEED_G(l, GPT2_LN2W, GPT2_LN2B);
+        be->layernorm_backward(be, a.dres, GP(m, GPT2_LN2W, l), GP(m, GPT2_LN2B, l), a.dbtc,
                                res2, P(m, W, GPT2_LN2W, l), a.ln2_mean + (size_t)l * BTa,
                                a.ln2_rstd + (size_t)l * BTa, (int)BT, (int)C);
         /* attention: dres is now the gradient of res2 (= res_in + attproj) */
-        be->matmul_backward(be, a.dbtc, P(m, G, GPT2_ATTPROJW, l), P(m, G, GPT2_ATTPROJB, l),
+        NEED_G(l, GPT2_ATTPROJW, GPT2_ATTPROJB);
+        be->matmul_backward(be, a.dbtc, GP(m, GPT2_ATTPROJW, l), GP(m, GPT2_ATTPROJB, l),
                             a.dres, atty, P(m, W, GPT2_ATTPROJW, l), NULL, (int)BT, (int)C, (int)C);
         be->attention_backward(be, a.dqkv, a.dbtc, qkv, atty, lse, B, T, (int)C, NH);
         if (m->recompute >= 2)
             be->layernorm_forward(be, ln1, a.ln1_mean + (size_t)l * BTa, a.ln1_rstd + (size_t)l * BTa,
                                   res_in, P(m, W, GPT2_LN1W, l), P(m, W, GPT2_LN1B, l), (int)BT, (int)C);
-        be->matmul_backward(be, a.dbtc, P(m, G, GPT2_QKVW, l), P(m, G, GPT2_QKVB, l), a.dqkv, ln1,
+        NEED_G(l, GPT2_QKVW, GPT2_QKVB);
+        be->matmul_backward(be, a.dbtc, GP(m, GPT2_QKVW, l), GP(m, GPT2_QKVB, l), a.dqkv, ln1,
                             P(m, W, GPT2_QKVW, l), NULL, (int)BT, (int)C, (int)(3 * C));
-        be->layernorm_backward(be, a.dres, P(m, G, GPT2_LN1W, l), P(m, G, GPT2_LN1B, l), a.dbtc,
+        NEED_G(l, GPT2_LN1W, GPT2_LN1B);
+        be->layernorm_backward(be, a.dres, GP(m, GPT2_LN1W, l), GP(m, GPT2_LN1B, l), a.dbtc,
                                res_in, P(m, W, GPT2_LN1W, l), a.ln1_mean + (size_t)l * BTa,
                                a.ln1_rstd + (size_t)l * BTa, (int)BT, (int)C);
         mark_layer(m, l, ready, ctx);
     }
-    be->encoder_backward(be, P(m, G, GPT2_WTE, -1), P(m, G, GPT2_WPE, -1), a.dres, m->inputs_dev,
+    NEED_G(-1, GPT2_WTE, GPT2_WPE);
+    be->encoder_backward(be, GP(m, GPT2_WTE, -1), GP(m, GPT2_WPE, -1), a.dres, m->inputs_dev,
                          B, T, (int)C);
     if (ready) {
         ready(ctx, m->tensors[1].layout_index);   /* wpe */
@@ -553,7 +608,7 @@ void gpt2_free(GPT2* m) {
     if (be) {
         size_t bytes = m->layout->total * dtype_size(be->dtype);
         be->release(be, m->params, bytes, MEM_PARAMS);
-        be->release(be, m->grads, bytes, MEM_GRADS);
+        if (m->grads) be->release(be, m->grads, bytes, MEM_GRADS);
         if (m->acts) {
             be->release(be, m->acts, m->acts_bytes, MEM_ACTIVATIONS);
             be->release(be, m->inputs_dev, (size_t)m->B * m->T * sizeof(int), MEM_ACTIVATIONS);
@@ -564,5 +619,6 @@ void gpt2_free(GPT2* m) {
     free(m->inputs_host_copy);
     free(m->tensors);
     free(m->layout_to_tensor);
+    free(m->grad_ptr);
     memset(m, 0, sizeof *m);
 }

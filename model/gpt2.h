@@ -40,6 +40,12 @@ typedef struct {
 /* Called by backward as soon as a tensor's gradient is final for this
  * micro-step (layout_index as in the layout). */
 typedef void (*gpt2_ready_fn)(void* ctx, int layout_index);
+/* Called just before a kernel first touches some tensors (n layout indices):
+ * need_params before forward reads their params (the overlapped ZeRO
+ * all-gather waits here for the buckets that hold them), need_grads before
+ * backward accumulates into their gradients (ZeRO-2 points grad_ptr at a
+ * working buffer here). A hook may be called again for tensors it has seen. */
+typedef void (*gpt2_need_fn)(void* ctx, const int* layout_indices, int n);
 
 typedef struct {
     GPT2Config cfg;
@@ -50,7 +56,14 @@ typedef struct {
     size_t num_parameters;  /* sum of numel (padded vocab rows included) */
     const Layout* layout;
     void* params;           /* flat buffers, layout->total elements of be->dtype */
-    void* grads;
+    void* grads;            /* NULL when shard_grads */
+    int shard_grads;        /* set before gpt2_bind: allocate no full-size gradient buffer
+                             * (ZeRO-2: the need_grads hook fills grad_ptr) */
+    void** grad_ptr;        /* [ntensors], by LAYOUT index: where backward accumulates each
+                             * tensor's gradient; gpt2_bind sets grads + offset (NULL when
+                             * shard_grads) */
+    gpt2_need_fn need_params, need_grads;  /* optional hooks (NULL = none) */
+    void *need_params_ctx, *need_grads_ctx;
     /* activations, allocated for (B, T) by gpt2_alloc_activations */
     int B, T;
     int recompute;          /* activation recomputation, set before gpt2_alloc_activations:
@@ -75,7 +88,7 @@ void gpt2_read_header(const char* path, GPT2Config* cfg, int* file_dtype_version
  * layout specs in backward-finish order, with *n = ntensors. Caller frees. */
 LayoutParamSpec* gpt2_describe(GPT2* m, const GPT2Config* cfg, int* n);
 /* Binds the model to a backend and a built layout; allocates the flat buffers
- * (zeroed, so padding is 0). */
+ * (zeroed, so padding is 0): params, and grads unless m->shard_grads. */
 void gpt2_bind(GPT2* m, Backend* be, const Layout* L);
 /* GPT-2 init (normal 0.02, residual projections 0.02/sqrt(2L), biases 0,
  * layernorm weights 1; padded vocab rows 0), from seed; layout independent. */
@@ -87,16 +100,21 @@ void gpt2_load(GPT2* m, const char* path);
 void gpt2_save(GPT2* m, const char* path, int version);
 /* Parameters as fp32 in llm.c file order (host array of num_parameters). */
 void gpt2_params_to_host(GPT2* m, float* out);
-void gpt2_grads_to_host(GPT2* m, float* out);
+void gpt2_grads_to_host(GPT2* m, float* out);   /* fatal when shard_grads */
 void gpt2_params_from_host(GPT2* m, const float* in);
 
 void gpt2_alloc_activations(GPT2* m, int B, int T);
 /* Forward over inputs[B*T] (host ids). With targets (host ids), returns the
  * mean loss; if also dloss != 0 the logits are replaced by their gradient
- * times dloss, ready for gpt2_backward. B, T may be smaller than allocated. */
+ * times dloss, ready for gpt2_backward. B, T may be smaller than allocated.
+ * Calls need_params (if set) before each kernel that reads parameters, with
+ * the tensors that kernel reads; every tensor is read, so after a forward
+ * every hook-guarded parameter has been asked for. */
 float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T, float dloss);
-/* Backward of the last forward (which had dloss != 0): grads += ..., calling
- * ready(ctx, layout_index) for each tensor as its gradient becomes final. */
+/* Backward of the last forward (which had dloss != 0): grads += ... through
+ * grad_ptr, calling need_grads (if set) before each kernel that accumulates
+ * into parameter gradients, and ready(ctx, layout_index) for each tensor as
+ * its gradient becomes final. */
 void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx);
 /* Logits of position (b, t) of the last forward, first V columns, as fp32 on
  * the host (out has V floats). */
