@@ -309,3 +309,38 @@ void layout_print(const Layout* L, FILE* f) {
                 (double)L->total_params / (double)L->world);
     }
 }
+
+/* ---- ZeRO-2 shard arithmetic (see layout.h) ---- */
+
+size_t* layout_shard_offsets(const Layout* L) {
+    if (!L || !L->buckets) fatal("layout_shard_offsets: the layout was not built");
+    size_t* off = xmalloc(((size_t)L->nbuckets + 1) * sizeof *off);
+    size_t s = 0;
+    for (int b = 0; b < L->nbuckets; b++) {
+        off[b] = s;
+        s += L->buckets[b].slice_len;
+    }
+    off[L->nbuckets] = s;
+    return off;
+}
+
+OptPiece* layout_shard_pieces(const Layout* L, int rank, int* n) {
+    if (rank < 0 || rank >= L->world)
+        fatal("layout_shard_pieces: rank %d is outside [0, %d)", rank, L->world);
+    size_t* off = layout_shard_offsets(L);
+    int np;
+    OptPiece* out = layout_opt_pieces(L, rank, &np);
+    int a = L->rank_first_piece[rank];
+    for (int k = 0; k < np; k++) {
+        const LayoutPiece* pc = &L->pieces[a + k];
+        int b = L->params[pc->param].bucket;
+        const LayoutBucket* bk = &L->buckets[b];
+        size_t slice_start = bk->start + (size_t)rank * bk->slice_len;
+        if (pc->buf_off < slice_start || pc->buf_off + pc->len > slice_start + bk->slice_len)
+            fatal("internal: piece %d of rank %d lies outside its slice of bucket %d", k, rank, b);
+        out[k].buf_off = off[b] + (pc->buf_off - slice_start);
+    }
+    free(off);
+    if (n) *n = np;
+    return out;
+}

@@ -94,4 +94,14 @@ size_t layout_owned(const Layout* L, int rank);
 /* Print the layout summary (buckets, padding, per-rank ownership) to f. */
 void layout_print(const Layout* L, FILE* f);
 
+/* ---- Added for ZeRO-2 (issue 8) ----
+ * A rank that keeps only its own slice of every bucket's gradient stores the
+ * slices back to back in a "shard": bucket b's slice starts at
+ * shard_off[b] = the sum of slice_len over the buckets before b, and the
+ * shard holds shard_off[nbuckets] = total / world elements. */
+size_t* layout_shard_offsets(const Layout* L);   /* [nbuckets + 1]; caller frees */
+/* Rank r's pieces, exactly as layout_opt_pieces(L, r) (same order, length,
+ * state_off, decay), but with buf_off an element offset in r's shard. */
+OptPiece* layout_shard_pieces(const Layout* L, int rank, int* n);
+
 #endif
