@@ -429,7 +429,7 @@ int ckpt_header_decode(const unsigned char* in, size_t n, CkptHeader* h, char* e
     p->total_batch_size = (long long)(int64_t)ckpt_get(in, CKPT_H_TOTAL_BATCH);
     bad |= ckpt_get_int(in, CKPT_H_BATCH, 1, IMAX, &p->batch_size);
     bad |= ckpt_get_int(in, CKPT_H_WORLD, 1, IMAX, &p->world);
-    bad |= ckpt_get_int(in, CKPT_H_ZERO_STAGE, 0, 1, &p->zero_stage);
+    bad |= ckpt_get_int(in, CKPT_H_ZERO_STAGE, 0, 3, &p->zero_stage);   /* informational */
     bad |= ckpt_get_int(in, CKPT_H_NUM_ITERATIONS, 0, IMAX, &p->num_iterations);
     bad |= ckpt_get_int(in, CKPT_H_LR_SCHEDULE, 0, 2, &p->lr_schedule);
     bad |= ckpt_get_int(in, CKPT_H_WARMUP, 0, IMAX, &p->warmup_iters);

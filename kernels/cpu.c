@@ -175,7 +175,8 @@ static inline float exp_f(float x) {
     p = p * r + 1.0f;
     p = p * r + 1.0f;
     union { int32_t i; float f; } scale;
-    scale.i = ((int32_t)n + 127) << 23;
+    /* NaN to int is undefined behaviour: any exponent will do, p is NaN already */
+    scale.i = ((n == n ? (int32_t)n : 0) + 127) << 23;
     return p * scale.f;
 }
 
