@@ -55,6 +55,9 @@ typedef struct {
     float comm_timeout;
     int checkpoint_every, resume, checkpoints_keep, max_bad_steps;
     int inject_nan_at_step, inject_nan_steps;
+    int overlap_param_gather;   /* ZeRO-1/2: all-gather overlapped with the next forward */
+    const char* gather_order;   /* testing: forward | reverse launch order of the all-gathers */
+    int gather_hold;            /* testing: hold each all-gather back until the forward waits for it */
 } Args;
 
 typedef enum { F_STR, F_INT, F_LL, F_FLOAT, F_SWITCH } FlagType;
@@ -95,6 +98,7 @@ static void args_defaults(Args* a) {
     a->sample_every = 0;
     a->sample_tokens = 64;
     a->zero_stage = 0;
+    a->gather_order = "forward";
     a->shuffle = 0;
     a->seed = 1337;
     a->bucket_size = 4000000;
@@ -139,8 +143,11 @@ static int make_flags(Args* a, Flag* f) {
     FL("dtype", F_STR, &a->dtype, "auto | fp32 | bf16 (auto: bf16 on cuda, fp32 on cpu)");
     FL("tf32", F_INT, &a->tf32, "allow TF32 matmuls in fp32 mode on cuda (0 | 1)");
     FL("recompute", F_INT, &a->recompute, "activation recomputation: 0 none, 1 GELU outputs, 2 also layernorm outputs");
-    FL("zero_stage", F_INT, &a->zero_stage, "0 = DDP (all-reduce, full optimizer state), 1 = ZeRO-1 distributed optimizer");
+    FL("zero_stage", F_INT, &a->zero_stage, "0 = DDP (all-reduce, full optimizer state), 1 = ZeRO-1 distributed optimizer, 2 = ZeRO-2 (also shards the gradients)");
     FL("use_distributed_optimizer", F_SWITCH, &a->zero_stage, "alias of --zero_stage 1 (takes no value)");
+    FL("overlap_param_gather", F_SWITCH, &a->overlap_param_gather, "zero_stage 1/2: overlap the param all-gather with the next forward, which waits per bucket (takes no value)");
+    FL("gather_order", F_STR, &a->gather_order, "testing: launch order of the param all-gathers, forward | reverse (bucket order, which the forward does not follow)");
+    FL("gather_hold", F_INT, &a->gather_hold, "testing, with --overlap_param_gather: 1 = launch each all-gather only when a wait needs it or a later one (the slowest network): a read without its wait would see last step's params");
     FL("bucket_size", F_LL, &a->bucket_size, "gradient bucket size in ELEMENTS (suffix K or M allowed: 4M = 4,000,000)");
     FL("buckets_per_group", F_INT, &a->buckets_per_group, "buckets whose reductions launch together");
     FL("comm", F_STR, &a->comm, "auto | nccl | mpi: collective backend");
@@ -348,8 +355,14 @@ int main(int argc, char** argv) {
     if (a.beta1 < 0 || a.beta1 >= 1) fatal("flag --beta1 must be in [0, 1) (got %g)", a.beta1);
     if (a.beta2 < 0 || a.beta2 >= 1) fatal("flag --beta2 must be in [0, 1) (got %g)", a.beta2);
     if (a.eps <= 0) fatal("flag --eps must be positive (got %g)", a.eps);
-    if (a.zero_stage < 0 || a.zero_stage > 1)
-        fatal("--zero_stage %d is not supported: 0 = DDP, 1 = ZeRO-1 distributed optimizer", a.zero_stage);
+    if (a.zero_stage < 0 || a.zero_stage > 2)
+        fatal("--zero_stage %d is not supported: 0 = DDP, 1 = ZeRO-1 distributed optimizer, 2 = ZeRO-2", a.zero_stage);
+    if (a.overlap_param_gather && a.zero_stage == 0)
+        fatal("--overlap_param_gather needs --zero_stage 1 or 2 (zero_stage 0 has no param all-gather)");
+    if (strcmp(a.gather_order, "forward") != 0 && strcmp(a.gather_order, "reverse") != 0)
+        fatal("--gather_order: unknown value '%s' (expected forward or reverse)", a.gather_order);
+    if (a.gather_hold != 0 && a.gather_hold != 1) fatal("flag --gather_hold must be 0 or 1 (got %d)", a.gather_hold);
+    if (a.gather_hold && !a.overlap_param_gather) fatal("--gather_hold 1 needs --overlap_param_gather");
     if (a.shuffle != 0 && a.shuffle != 1) fatal("flag --shuffle must be 0 or 1 (got %d)", a.shuffle);
     if (a.recompute < 0 || a.recompute > 2) fatal("flag --recompute must be 0, 1 or 2 (got %d)", a.recompute);
     if (a.tf32 != 0 && a.tf32 != 1) fatal("flag --tf32 must be 0 or 1 (got %d)", a.tf32);
@@ -419,6 +432,7 @@ int main(int argc, char** argv) {
     if (layout_build(&layout, specs, nspecs, (size_t)a.bucket_size, a.buckets_per_group, world, 64, err,
                      sizeof err) != 0)
         fatal("layout: %s", err);
+    model.shard_grads = a.zero_stage == 2;   /* ZeRO-2: no full-size gradient buffer */
     gpt2_bind(&model, be, &layout);
     if (from_file) gpt2_load(&model, a.model);
     else gpt2_init_random(&model, (uint64_t)a.seed);
@@ -426,13 +440,24 @@ int main(int argc, char** argv) {
     gpt2_alloc_activations(&model, B, T);
 
     /* ---- optimizer over this rank's pieces; reducer over the buckets ---- */
-    int nopt, nnorm;
-    OptPiece* opt_pieces = layout_opt_pieces(&layout, a.zero_stage == 1 ? rank : -1, &nopt);
-    OptPiece* norm_pieces = layout_opt_pieces(&layout, rank, &nnorm);
+    int nopt;
+    OptPiece* opt_pieces = layout_opt_pieces(&layout, a.zero_stage >= 1 ? rank : -1, &nopt);
     Optimizer opt;
     optimizer_init(&opt, be, opt_pieces, nopt, model.params);
-    DDP ddp;
+    DDP ddp;   /* ddp.grads: this rank's reduced gradients (zero_stage 2: its shard), ddp.own its pieces */
     ddp_init(&ddp, &layout, &comm, be, a.zero_stage, model.params, model.grads);
+    ddp_set_gather(&ddp, a.overlap_param_gather, strcmp(a.gather_order, "reverse") == 0, a.gather_hold);
+    model.need_params = ddp_need_params;   /* waits only for an overlapped all-gather */
+    model.need_params_ctx = &ddp;
+    if (a.zero_stage == 2) {
+        ddp_set_grad_table(&ddp, model.grad_ptr);
+        model.need_grads = ddp_need_grads;
+        model.need_grads_ctx = &ddp;
+        int ng;
+        OptPiece* grad_pieces = layout_shard_pieces(&layout, rank, &ng);
+        optimizer_set_grad_pieces(&opt, grad_pieces, ng);
+        free(grad_pieces);
+    }
 
     /* ---- data ---- */
     DataLoader train, val;
@@ -450,8 +475,9 @@ int main(int argc, char** argv) {
 
     /* ---- start-up report ---- */
     if (rank == 0) {
-        printf("train_gpt2 | device %s | dtype %s | ranks %d | comm %s | zero_stage %d\n", be->name,
-               dtype_name(be->dtype), world, comm_kind_name(comm.kind), a.zero_stage);
+        printf("train_gpt2 | device %s | dtype %s | ranks %d | comm %s | zero_stage %d%s\n", be->name,
+               dtype_name(be->dtype), world, comm_kind_name(comm.kind), a.zero_stage,
+               a.overlap_param_gather ? " | param all-gather overlapped with forward" : "");
         printf("model %s: L %d, NH %d, C %d, maxT %d, V %d (padded %d), %zu parameters\n", a.model,
                cfg.num_layers, cfg.num_heads, cfg.channels, cfg.max_seq_len, cfg.vocab_size,
                cfg.padded_vocab_size, model.num_parameters);
@@ -467,6 +493,8 @@ int main(int argc, char** argv) {
         if (r != rank) continue;
         const MemTracker* mt = &be->mem;
         size_t opt_bytes = mt->current[MEM_MASTER] + mt->current[MEM_ADAM_M] + mt->current[MEM_ADAM_V];
+        /* zero_stage 2: grads = this rank's shard; the bucket working buffers
+         * are allocated during the first step (ddp_zero2_report after it) */
         printf("rank %d memory: params %.2f MB, grads %.2f MB, master %.2f MB, adam_m %.2f MB, adam_v %.2f MB, "
                "activations %.2f MB | optimizer state %zu bytes for %zu owned of %zu parameters (%.2f bytes/param)\n",
                rank, mb(mt->current[MEM_PARAMS]), mb(mt->current[MEM_GRADS]), mb(mt->current[MEM_MASTER]),
@@ -492,7 +520,6 @@ int main(int argc, char** argv) {
     log_open(&lg, a.output_dir, rank, resumed ? prog.step : -1);
     int* inputs = xmalloc(sizeof(int) * (size_t)B * T);
     int* targets = xmalloc(sizeof(int) * (size_t)B * T);
-    const size_t grad_bytes = layout.total * dtype_size(be->dtype);
     /* the mean over the whole global batch: the reduction is then a plain sum (ddp/ddp.h) */
     const float dloss = (float)(1.0 / (double)a.total_batch_size);
     const double flops_per_step = gpt2_flops_per_token(&model, T) * (double)a.total_batch_size;
@@ -500,6 +527,7 @@ int main(int argc, char** argv) {
     double total_time = 0.0;
     int timed_steps = 0;
 
+    const int prog_first_step = prog.step;
     for (int step = prog.step; step <= a.num_iterations; step++) {
         int last = step == a.num_iterations;
         /* ---- validation ---- */
@@ -538,8 +566,8 @@ int main(int argc, char** argv) {
         if (rank == 0 && world > 1 && (step == 0 || step == a.num_iterations - 1)) ddp_overlap_report(&ddp, stdout);
         int poisoned = step + 1 - a.inject_nan_at_step;
         if (a.inject_nan_at_step > 0 && poisoned >= 0 && poisoned < a.inject_nan_steps && rank == world - 1)
-            loss_sum = inject_fault(be, model.grads, norm_pieces, nnorm, poisoned, loss_sum);
-        double sq = be->grad_sumsq(be, model.grads, norm_pieces, nnorm);
+            loss_sum = inject_fault(be, ddp.grads, ddp.own, ddp.nown, poisoned, loss_sum);
+        double sq = ddp_grad_sumsq(&ddp);
         double sums[2] = {sq, loss_sum / accum};
         comm_allreduce_host_sum(&comm, sums, 2);
         double norm = sqrt(sums[0]);
@@ -550,14 +578,14 @@ int main(int argc, char** argv) {
         int finite = isfinite(loss) && isfinite(norm);
         if (finite) {
             float scale = (a.grad_clip > 0 && norm > a.grad_clip) ? (float)(a.grad_clip / norm) : 1.0f;
-            optimizer_step(&opt, model.params, model.grads, lr, a.beta1, a.beta2, a.eps, a.weight_decay,
+            optimizer_step(&opt, model.params, ddp.grads, lr, a.beta1, a.beta2, a.eps, a.weight_decay,
                            scale, (uint32_t)(a.seed * 7919 + step));
-            if (a.zero_stage == 1) ddp_gather_params(&ddp);
+            if (a.zero_stage >= 1) ddp_gather_params(&ddp);   /* overlapped: waited for in the next forward */
             prog.bad_streak = 0;
         } else {
             prog.bad_streak++;   /* no update: the params and the optimizer state stay as they were */
         }
-        be->zero(be, model.grads, grad_bytes);
+        ddp_zero_grads(&ddp);
         be->synchronize(be);
         prog.step = step + 1;
         prog.next_row += rows_per_step;
@@ -604,8 +632,13 @@ int main(int argc, char** argv) {
             ckpt_fail_all(&comm, "step %d: %d steps in a row had a non-finite loss or grad norm (--max_bad_steps %d): "
                           "stopping; %s", step + 1, prog.bad_streak, a.max_bad_steps, last);
         }
-        if (ckpt_due(&ck, prog.step)) ckpt_save(&ck, &prog);
+        if (rank == 0 && step == prog_first_step) ddp_zero2_report(&ddp, rank, stdout);
+        if (ckpt_due(&ck, prog.step)) {
+            ddp_wait_gathers(&ddp);   /* the checkpoint reads the params */
+            ckpt_save(&ck, &prog);
+        }
     }
+    ddp_wait_gathers(&ddp);   /* before anything reads the params */
     if (a.checkpoint_every > 0 && ck.last_step != prog.step) ckpt_save(&ck, &prog);
 
     if (a.save_model[0] && rank == 0) {
@@ -620,7 +653,6 @@ int main(int argc, char** argv) {
 
     free(inputs);
     free(targets);
-    free(norm_pieces);
     ckpt_free(&ck);
     if (have_tok) tokenizer_free(&tok);
     if (have_val) dataloader_free(&val);

@@ -57,7 +57,10 @@ expect "unknown flag" "unknown flag '--bogus'" 0 $SMALL --input_bin "$TMP/good.b
 expect "malformed integer" "batch_size: '4x' is not an integer" 0 $SMALL --input_bin "$TMP/good.bin" --batch_size 4x
 expect "malformed number" "learning_rate: 'abc' is not a number" 0 $SMALL --input_bin "$TMP/good.bin" --learning_rate abc
 expect "flag without a value" "needs a value" 0 $SMALL --input_bin "$TMP/good.bin" --batch_size
-expect "zero_stage 2 before it exists" "zero_stage 2 is not supported" 0 $SMALL --input_bin "$TMP/good.bin" --zero_stage 2
+expect "overlapped all-gather at zero_stage 0" "overlap_param_gather needs --zero_stage 1 or 2" 0 $SMALL --input_bin "$TMP/good.bin" --zero_stage 0 --overlap_param_gather
+expect "unknown --gather_order" "gather_order: unknown value 'sideways'" 2 $SMALL --input_bin "$TMP/good.bin" --zero_stage 1 --overlap_param_gather --gather_order sideways
+expect "--gather_hold without the overlapped all-gather" "gather_hold 1 needs --overlap_param_gather" 0 $SMALL --input_bin "$TMP/good.bin" --zero_stage 1 --gather_hold 1
+expect "--overlap_param_gather takes no value" "overlap_param_gather takes no value" 0 $SMALL --input_bin "$TMP/good.bin" --zero_stage 1 --overlap_param_gather=1
 expect "zero_stage 3" "zero_stage 3 is not supported" 2 $SMALL --input_bin "$TMP/good.bin" --zero_stage 3
 expect "bf16 on the CPU" "bf16 needs --device cuda" 0 $SMALL --input_bin "$TMP/good.bin" --device cpu --dtype bf16
 # --- distributed ---
