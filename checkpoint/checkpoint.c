@@ -621,10 +621,15 @@ int ckpt_verify(const char* path, const GPT2Config* cfg, size_t P, CkptHeader* h
                   cfg->channels, cfg->max_seq_len, cfg->vocab_size);
         return -1;
     }
-    if (h->num_parameters != P || d.state_bytes != CKPT_HEADER_BYTES + 12 * (long long)P) {
-        ckpt_errf(err, errlen, "%s: %lld bytes for %llu parameters, but the run has %zu parameters (%lld bytes)",
-                  f, d.state_bytes, (unsigned long long)h->num_parameters, P,
-                  CKPT_HEADER_BYTES + 12 * (long long)P);
+    if (h->num_parameters != P) {
+        ckpt_errf(err, errlen, "%s: holds %llu parameters, but the run has %zu", f,
+                  (unsigned long long)h->num_parameters, P);
+        return -1;
+    }
+    if (d.state_bytes != CKPT_HEADER_BYTES + 12 * (long long)P) {
+        ckpt_errf(err, errlen, "%s: %lld bytes, but %zu parameters need %lld: the file is %s", f, d.state_bytes,
+                  P, CKPT_HEADER_BYTES + 12 * (long long)P,
+                  d.state_bytes < CKPT_HEADER_BYTES + 12 * (long long)P ? "truncated" : "too long");
         return -1;
     }
     if (h->progress.step != d.step) {

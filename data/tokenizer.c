@@ -44,6 +44,10 @@ void tokenizer_init(Tokenizer* t, const char* path) {
     if (version == 2 && eot >= vocab)   /* v1 stores no EOT: 50256 is implied */
         fatal("%s: end-of-text id %u is not below the vocab size %u: corrupt tokenizer file", path, eot, vocab);
 
+    /* every token takes at least 2 bytes (its length, at least 1 byte): check before allocating */
+    if ((uint64_t)vocab * 2 > (uint64_t)size - TOKENIZER_HEADER_BYTES)
+        fatal("%s: truncated: the header says %u tokens, but the %lld bytes after the header hold at most %lld",
+              path, vocab, size - TOKENIZER_HEADER_BYTES, (size - TOKENIZER_HEADER_BYTES) / 2);
     t->vocab_size = vocab;
     t->eot = eot;
     t->tokens = (char**)xcalloc(vocab, sizeof(char*));
