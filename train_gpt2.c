@@ -9,14 +9,18 @@
  * bucketed reducer (ddp/ddp.c) and the data loaders (data/).
  *
  * One step:
- *   for each micro-step: forward; backward, which marks tensors ready, and on
+ *   for each micro-step: forward (--overlap_param_gather: waiting per bucket
+ *     for last step's all-gathers); backward, which marks tensors ready, and on
  *     the last micro-step each complete bucket group launches its all-reduce
  *     (zero_stage 0) or reduce-scatter (zero_stage 1) while backward goes on
+ *     (zero_stage 2: reduce-scatter on every micro-step from per-bucket working
+ *     buffers, each rank adding its reduced slice into its gradient shard)
  *   wait for the reductions
  *   grad norm: sum of squares over this rank's pieces, all-reduced once
  *   AdamW over the optimizer's pieces, with the clip scale
- *   zero_stage 1: all-gather the params bucket by bucket
- *   zero the grad buffer (one memset)
+ *   zero_stage 1, 2: all-gather the params bucket by bucket (overlapped: not
+ *     waited for here; see ddp/ddp.h and docs/ZERO.md)
+ *   zero this rank's gradients (one memset)
  * A step whose loss or grad norm is not finite makes no update (its grads
  * are dropped); --max_bad_steps such steps in a row end the run. Every
  * --checkpoint_every steps the training state goes to a checkpoint
