@@ -666,7 +666,7 @@ int main(int argc, char** argv) {
     gpt2_free(&model);
     layout_free(&layout);
     free(specs);
+    comm_finalize(&comm);   /* before the backend: it releases its scratch through be, and NCCL needs the device */
     be->destroy(be);
-    comm_finalize(&comm);
     return 0;
 }
