@@ -122,7 +122,7 @@ $(FUZZ_DIR)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -c $< -o $@
 
-.SECONDARY: $(FUZZ_NAMES:%=$(FUZZ_DIR)/tools/fuzz/fuzz_%.o) $(FUZZ_DIR)/tools/fuzz/fuzz_common.o
+.SECONDARY: $(FUZZ_NAMES:%=$(FUZZ_DIR)/tools/fuzz/fuzz_%.o) $(FUZZ_DIR)/tools/fuzz/fuzz_common.o $(LIB_SRCS:%.c=$(FUZZ_DIR)/%.o)
 $(FUZZ_DIR)/fuzz_%: $(FUZZ_DIR)/tools/fuzz/fuzz_%.o $(FUZZ_DIR)/tools/fuzz/fuzz_common.o $(LIB_SRCS:%.c=$(FUZZ_DIR)/%.o)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $(FUZZ_WRAP) $^ -o $@ -lm -lpthread
 
