@@ -554,8 +554,12 @@ int main(int argc, char** argv) {
             sample_text(&model, &tok, a.sample_tokens, T, (uint64_t)a.seed + (uint64_t)step);
         if (last) break;
 
-        /* ---- one training step ---- */
-        be->synchronize(be);
+        /* ---- one training step ----
+         * be->synchronize also waits for the communication stream, i.e. for
+         * the all-gathers that --overlap_param_gather hides behind the next
+         * forward: then the step is timed on the host alone (the forward's
+         * input copy and loss read wait for the compute stream). */
+        if (!a.overlap_param_gather) be->synchronize(be);
         be->reset_peak(be);
         double t0 = wall_time_s();
         double loss_sum = 0.0;
@@ -590,7 +594,7 @@ int main(int argc, char** argv) {
             prog.bad_streak++;   /* no update: the params and the optimizer state stay as they were */
         }
         ddp_zero_grads(&ddp);
-        be->synchronize(be);
+        if (!a.overlap_param_gather) be->synchronize(be);
         prog.step = step + 1;
         prog.next_row += rows_per_step;
         double dt_s = wall_time_s() - t0;
