@@ -415,6 +415,28 @@ static void need(const GPT2* m, gpt2_need_fn fn, void* ctx, int layer, int k1, i
 #define NEED_P(layer, k1, k2) need(m, m->need_params, m->need_params_ctx, (layer), (k1), (k2))
 #define NEED_G(layer, k1, k2) need(m, m->need_grads, m->need_grads_ctx, (layer), (k1), (k2))
 
+/* The activations of layer l inside the carved block (with recompute, the
+ * shared buffers are the same for every layer). */
+typedef struct {
+    void *res_in, *ln1, *qkv, *atty, *res2, *ln2, *fch, *fch_gelu, *res3;
+    float* lse;
+} LayerActs;
+
+static void layer_acts(const GPT2* m, const Acts* a, int l, LayerActs* la) {
+    size_t BTa = (size_t)m->B * m->T, C = (size_t)m->cfg.channels;
+    size_t lln = m->recompute >= 2 ? 0 : (size_t)l, lg = m->recompute >= 1 ? 0 : (size_t)l;
+    la->res_in = l == 0 ? a->encoded : X(m, a->res3, (size_t)(l - 1) * BTa * C);
+    la->ln1 = X(m, a->ln1, lln * BTa * C);
+    la->qkv = X(m, a->qkv, (size_t)l * BTa * 3 * C);
+    la->atty = X(m, a->atty, (size_t)l * BTa * C);
+    la->res2 = X(m, a->res2, (size_t)l * BTa * C);
+    la->ln2 = X(m, a->ln2, lln * BTa * C);
+    la->fch = X(m, a->fch, (size_t)l * BTa * 4 * C);
+    la->fch_gelu = X(m, a->fch_gelu, lg * BTa * 4 * C);
+    la->res3 = X(m, a->res3, (size_t)l * BTa * C);
+    la->lse = a->lse + (size_t)l * BTa * (size_t)m->cfg.num_heads;
+}
+
 float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T, float dloss) {
     Backend* be = m->be;
     const GPT2Config* c = &m->cfg;
@@ -438,17 +460,11 @@ float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T,
     be->layernorm_forward(be, a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded,
                           P(m, m->params, GPT2_LN1W, 0), P(m, m->params, GPT2_LN1B, 0), (int)BT, (int)C);
     for (int l = 0; l < L; l++) {
-        void* res_in = l == 0 ? a.encoded : X(m, a.res3, (size_t)(l - 1) * BTa * C);
-        size_t lln = m->recompute >= 2 ? 0 : (size_t)l, lg = m->recompute >= 1 ? 0 : (size_t)l;
-        void* ln1 = X(m, a.ln1, lln * BTa * C);
-        void* qkv = X(m, a.qkv, (size_t)l * BTa * 3 * C);
-        void* atty = X(m, a.atty, (size_t)l * BTa * C);
-        void* res2 = X(m, a.res2, (size_t)l * BTa * C);
-        void* ln2 = X(m, a.ln2, lln * BTa * C);
-        void* fch = X(m, a.fch, (size_t)l * BTa * 4 * C);
-        void* fchg = X(m, a.fch_gelu, lg * BTa * 4 * C);
-        void* res3 = X(m, a.res3, (size_t)l * BTa * C);
-        float* lse = a.lse + (size_t)l * BTa * NH;
+        LayerActs la;
+        layer_acts(m, &a, l, &la);
+        void *res_in = la.res_in, *ln1 = la.ln1, *qkv = la.qkv, *atty = la.atty, *res2 = la.res2;
+        void *ln2 = la.ln2, *fch = la.fch, *fchg = la.fch_gelu, *res3 = la.res3;
+        float* lse = la.lse;
         NEED_P(l, GPT2_QKVW, GPT2_QKVB);
         be->matmul_forward(be, qkv, NULL, ln1, P(m, m->params, GPT2_QKVW, l),
                            P(m, m->params, GPT2_QKVB, l), (int)BT, (int)C, (int)(3 * C));
@@ -527,16 +543,11 @@ void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx) {
         ready(ctx, m->tensors[2 + 12 * L + 1].layout_index);
     }
     for (int l = L - 1; l >= 0; l--) {
-        void* res_in = l == 0 ? a.encoded : X(m, a.res3, (size_t)(l - 1) * BTa * C);
-        size_t lln = m->recompute >= 2 ? 0 : (size_t)l, lg = m->recompute >= 1 ? 0 : (size_t)l;
-        void* ln1 = X(m, a.ln1, lln * BTa * C);
-        void* qkv = X(m, a.qkv, (size_t)l * BTa * 3 * C);
-        void* atty = X(m, a.atty, (size_t)l * BTa * C);
-        void* res2 = X(m, a.res2, (size_t)l * BTa * C);
-        void* ln2 = X(m, a.ln2, lln * BTa * C);
-        void* fch = X(m, a.fch, (size_t)l * BTa * 4 * C);
-        void* fchg = X(m, a.fch_gelu, lg * BTa * 4 * C);
-        float* lse = a.lse + (size_t)l * BTa * NH;
+        LayerActs la;
+        layer_acts(m, &a, l, &la);
+        void *res_in = la.res_in, *ln1 = la.ln1, *qkv = la.qkv, *atty = la.atty, *res2 = la.res2;
+        void *ln2 = la.ln2, *fch = la.fch, *fchg = la.fch_gelu;
+        float* lse = la.lse;
         /* recompute what forward did not keep (the shared buffers hold another layer's) */
         if (m->recompute >= 1) be->gelu_forward(be, fchg, fch, BT * 4 * C);
         if (m->recompute >= 2) {
