@@ -99,12 +99,11 @@ $(BUILD)/fuzz_replay_%: $(BUILD)/tools/fuzz/fuzz_%.o $(BUILD)/tools/fuzz/fuzz_co
 
 # Sanitizer build: its own directory and trainer, so build/ and ./train_gpt2 stay as they are.
 ASAN_DIR := build-asan
-ASAN_FLAGS := -fno-omit-frame-pointer -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all
+ASAN_FLAGS := -O2 -g -fno-omit-frame-pointer -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all
 asan:
 	@mkdir -p $(ASAN_DIR); echo '$(ASAN_FLAGS)' | cmp -s - $(ASAN_DIR)/flags || \
 	  { rm -rf $(ASAN_DIR); mkdir -p $(ASAN_DIR); echo '$(ASAN_FLAGS)' > $(ASAN_DIR)/flags; }
-	CFLAGS="-O1 -g" $(MAKE) BUILD=$(ASAN_DIR) TRAINER=$(ASAN_DIR)/train_gpt2 NO_CUDA=1 NO_MPI=1 \
-	  EXTRA_CFLAGS="$(ASAN_FLAGS)" all
+	CFLAGS="$(ASAN_FLAGS)" $(MAKE) BUILD=$(ASAN_DIR) TRAINER=$(ASAN_DIR)/train_gpt2 NO_CUDA=1 NO_MPI=1 all
 
 # libFuzzer: clang, CPU only, no MPI; objects in build-fuzz/.
 FUZZ_DIR := build-fuzz

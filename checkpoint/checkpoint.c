@@ -766,13 +766,17 @@ void ckpt_fail_all(Comm* comm, const char* fmt, ...) {
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     fflush(stdout);
-    fprintf(stderr, "error: %s\n", msg);
-    fflush(stderr);
-    if (comm->world > 1) {
-        /* everyone has printed before anyone leaves */
-        comm_barrier(comm);
-        comm_finalize(comm);
+    if (comm->world == 1 || comm->rank != 0) {
+        fprintf(stderr, "error: %s\n", msg);
+        fflush(stderr);
     }
+    if (comm->world == 1) exit(1);
+    /* the others have printed before rank 0 prints and aborts them all
+     * (MPI_Abort ends a job at once; a non-zero exit after MPI_Finalize
+     * makes mpirun linger for seconds) */
+    comm_barrier(comm);
+    if (comm->rank == 0) comm_abort(comm, msg);
+    comm_barrier(comm);   /* never completes: rank 0's abort ends this rank (or the timeout does) */
     exit(1);
 }
 

@@ -4,8 +4,8 @@
 #    final parameters bit-identical to the uninterrupted run, and the next
 #    checkpoint (step 8) byte-identical, for one process, N=2 zero_stage 0
 #    (with gradient accumulation) and N=2 zero_stage 1;
-#  - save at N=4 zero_stage 1, resume at N=1, 2, 3 (zero_stage 0 and 1, and
-#    once with another micro-batch size): losses and parameters within 1e-6
+#  - save at N=4 zero_stage 1, resume at N=1 and 3 at zero_stage 0, N=2 and 3
+#    at zero_stage 1 (N=3 with another micro-batch size): losses and parameters within 1e-6
 #    relative of the single-process run with the same global batch; resumed
 #    at N=4 it is bit-identical to the uninterrupted N=4 run;
 #  - bad checkpoints and mismatched runs (flipped bytes, truncation, missing
@@ -77,7 +77,7 @@ G="--total_batch_size 384"   # 12 rows of 16 tokens per step: divides by B*T*N f
 runok "$TMP/ref" 0 $G --save_model "$TMP/ref.model.bin" || bad "single-process reference run"
 runok "$TMP/n4" 4 $G --zero_stage 1 --checkpoint_every 5 --save_model "$TMP/n4.model.bin" || bad "N=4 run"
 check "N=4 zero_stage 1 within 1e-6 of the single process (sanity)" close_losses "$TMP/n4" "$TMP/ref" 1e-6
-for cell in "1 0" "1 1" "2 0" "2 1" "3 0" "3 1" "3 1 --batch_size 4"; do
+for cell in "1 0" "2 1" "3 0" "3 1 --batch_size 4"; do
     set -- $cell; n=$1; z=$2; shift 2
     d="$TMP/from4_n${n}_z$z${1:+_b4}"
     seed_dir "$TMP/n4" 5 "$d"

@@ -87,7 +87,7 @@ check "--resume after the stop continues from ckpt_00000006: the same losses as 
     eval 'grep -q "resume: from $TMP/stop/ckpt_00000006: step 6" "$TMP/stop.out" && same_losses "$TMP/stop" "$TMP/survive" && [ "$(losses "$TMP/stop" | wc -l)" = 8 ]'
 
 # ---- a rank that dies or stalls (np 3) ----
-F="--zero_stage 1 --num_iterations 40 --comm_timeout 5"
+F="--zero_stage 1 --num_iterations 24 --comm_timeout 5"
 C="--checkpoint_every 4 --checkpoints_keep 2"
 runok "$TMP/ref3" 3 $F || bad "np 3 reference run"
 for mode in KILL STOP; do
@@ -110,11 +110,11 @@ for mode in KILL STOP; do
     grep -m1 -E '^error:|mpirun noticed' "$D.out" | sed 's/^/    /'
     runok "$D" 3 $F $C --resume || bad "$mode: resume"
     check "$mode: --resume continues from the last complete checkpoint ($last), bit-identical to the uninterrupted run" \
-        eval 'grep -q "resume: from $D/$last:" "$D.out" && same_losses "$D" "$TMP/ref3" && [ "$(losses "$D" | wc -l)" = 40 ]'
+        eval 'grep -q "resume: from $D/$last:" "$D.out" && same_losses "$D" "$TMP/ref3" && [ "$(losses "$D" | wc -l)" = 24 ]'
 done
 
 # ---- kill -9 of every rank while a checkpoint is being saved ----
-S="--zero_stage 1 --num_iterations 30"
+S="--zero_stage 1 --num_iterations 16"
 C="--checkpoint_every 1 --checkpoints_keep 2"
 runok "$TMP/ref2" 2 $S || bad "np 2 reference run"
 caught=""
@@ -140,7 +140,7 @@ if [ -n "$caught" ]; then
     last=$(newest_complete "$D")
     runok "$D" 2 $S $C --resume || bad "resume after the kill during a save"
     check "--resume skips it and takes $last, the newest complete one" grep -q "resume: from $D/$last:" "$D.out"
-    check "the resumed run is bit-identical to the uninterrupted run" eval 'same_losses "$D" "$TMP/ref2" && [ "$(losses "$D" | wc -l)" = 30 ]'
+    check "the resumed run is bit-identical to the uninterrupted run" eval 'same_losses "$D" "$TMP/ref2" && [ "$(losses "$D" | wc -l)" = 16 ]'
 else
     bad "5 attempts never killed the run in the middle of a save"
 fi
