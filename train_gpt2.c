@@ -587,7 +587,7 @@ int main(int argc, char** argv) {
         if (finite) {
             float scale = (a.grad_clip > 0 && norm > a.grad_clip) ? (float)(a.grad_clip / norm) : 1.0f;
             optimizer_step(&opt, model.params, ddp.grads, lr, a.beta1, a.beta2, a.eps, a.weight_decay,
-                           scale, (uint32_t)(a.seed * 7919 + step));
+                           scale, (uint32_t)a.seed * 7919u + (uint32_t)step);   /* unsigned: no overflow for any --seed */
             if (a.zero_stage >= 1) ddp_gather_params(&ddp);   /* overlapped: waited for in the next forward */
             prog.bad_streak = 0;
         } else {
