@@ -92,7 +92,7 @@ C="--checkpoint_every 4 --checkpoints_keep 2"
 runok "$TMP/ref3" 3 $F || bad "np 3 reference run"
 for mode in KILL STOP; do
     D="$TMP/fault_$mode"
-    start_bg "$D" 3 $F $C
+    start_bg "$D" 3 $F $C --num_iterations 500   # constant lr: the length does not change the steps; it cannot end before the fault
     if ! wait_for "$D/ckpt_00000004/DONE" 60; then bad "$mode: no checkpoint appeared"; kill -9 $(pgrep -P "$BG") 2>/dev/null; wait "$BG"; continue; fi
     victim=$(rank_pid 1)
     t0=$(now_ms)
