@@ -157,5 +157,7 @@ int main(int argc, char** argv) {
     layout_free(&L);
     free(specs);
     be->destroy(be);
+    free(inputs); free(targets); free(positions); free(logits); free(grads_ref);
+    free(losses_ref); free(lrs_ref); free(norms_ref); free(row); free(g);
     return test_done(bf16 ? "test_fixture(bf16)" : "test_fixture");
 }

@@ -12,13 +12,9 @@ if ! make -s asan >"$TMP/build.txt" 2>&1; then
     bad "make asan"; tail -20 "$TMP/build.txt"; finish test_sanitizers; exit 1
 fi
 A=build-asan
-# test_fixture.c keeps its buffers to the end of main (a test's own
-# allocations, not the library's): not reported as leaks
-printf 'leak:test_fixture.c\n' >"$TMP/lsan.supp"
 # max_allocation_size_mb: an allocation above 2 GB is a report, as under libFuzzer (a parser that
 # sizes a buffer from a header before checking the file must not pass by luck of lazy memory)
 export ASAN_OPTIONS=detect_leaks=1:strict_string_checks=1:check_initialization_order=1:max_allocation_size_mb=2048
-export LSAN_OPTIONS=suppressions=$TMP/lsan.supp:print_suppressions=0
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 clean() { ! grep -qE 'runtime error:|ERROR: (Address|Leak)Sanitizer|SUMMARY: (Address|UndefinedBehavior)Sanitizer' "$1"; }
 # sanitized NAME CMD...: runs CMD, passes when it exits 0 with no sanitizer report
