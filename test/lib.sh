@@ -13,3 +13,27 @@ TMP=$(mktemp -d /tmp/gpt2test.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
 # losses of a run's log.jsonl, one per line, exactly as printed
 losses() { grep -o '"loss":[^,]*' "$1/log.jsonl" | cut -d: -f2; }
+
+# The training runs of the shell tests. Each test sets COMMON (its flags) first.
+# run DIR NP [flags...]: NP 0 runs without mpirun; writes DIR/out.txt, DIR/log.jsonl, DIR/model.bin
+run() {
+    local dir="$1" np="$2"; shift 2
+    mkdir -p "$dir"
+    if [ "$np" = 0 ]; then
+        ./train_gpt2 $COMMON --output_dir "$dir" --save_model "$dir/model.bin" "$@" >"$dir/out.txt" 2>&1
+    else
+        OMP_NUM_THREADS=1 timeout 300 $MPIRUN -np "$np" -x OMP_NUM_THREADS ./train_gpt2 $COMMON --output_dir "$dir" --save_model "$dir/model.bin" "$@" >"$dir/out.txt" 2>&1
+    fi
+    local rc=$?
+    [ $rc -eq 0 ] || { echo "run $dir failed ($rc):"; tail -5 "$dir/out.txt"; }
+    return $rc
+}
+# identical losses, bit for bit (and at least one)
+same_losses() { cmp -s <(losses "$1") <(losses "$2") && [ "$(losses "$1" | wc -l)" -ge 1 ]; }
+same_params() { build/compare_models "$1/model.bin" "$2/model.bin" --exact; }
+# close_losses A B TOL: 10 steps each, max relative difference <= TOL
+close_losses() {
+    paste <(losses "$1") <(losses "$2") | awk -v tol="$3" '
+      { d = $1 - $2; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); if (r > m) m = r; n++ }
+      END { printf "    losses: %d steps, max rel diff %.2e\n", n, m; exit !(n == 10 && m <= tol) }'
+}

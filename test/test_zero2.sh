@@ -28,27 +28,7 @@ build/make_shard "$TMP/train.bin" 30000 1
 COMMON="--input_bin $TMP/train.bin --model d2 --n_embd 32 --n_head 2
   --max_seq_len 32 --batch_size 2 --sequence_length 16 --num_iterations 10 --learning_rate 3e-3
   --warmup_iters 2 --learning_rate_decay_frac 0.1 --weight_decay 0.1 --grad_clip 0.5 --seed 7 --shuffle 1"
-# run DIR NP [flags...]   (NP 0: without mpirun)
-run() {
-    local dir="$1" np="$2"; shift 2
-    mkdir -p "$dir"
-    if [ "$np" = 0 ]; then
-        ./train_gpt2 $COMMON --output_dir "$dir" --save_model "$dir/model.bin" "$@" >"$dir/out.txt" 2>&1
-    else
-        OMP_NUM_THREADS=1 timeout 300 $MPIRUN -np "$np" -x OMP_NUM_THREADS ./train_gpt2 $COMMON --output_dir "$dir" --save_model "$dir/model.bin" "$@" >"$dir/out.txt" 2>&1
-    fi
-    local rc=$?
-    [ $rc -eq 0 ] || { echo "run $dir failed ($rc):"; tail -5 "$dir/out.txt"; }
-    return $rc
-}
-same_losses() { cmp -s <(losses "$1") <(losses "$2") && [ "$(losses "$1" | wc -l)" -ge 1 ]; }
-same_params() { build/compare_models "$1/model.bin" "$2/model.bin" --exact; }
-# max relative difference of the losses of two runs <= tol
-close_losses() {
-    paste <(losses "$1") <(losses "$2") | awk -v tol="$3" '
-      { d = $1 - $2; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); if (r > m) m = r; n++ }
-      END { printf "    losses: %d steps, max rel diff %.2e\n", n, m; exit !(n == 10 && m <= tol) }'
-}
+# run, same_losses, same_params, close_losses: test/lib.sh
 # vs_ref CELL DIR REF N: N=1 bit-identical, else within 1e-6
 vs_ref() {
     local cell="$1" dir="$2" ref="$3" n="$4"
