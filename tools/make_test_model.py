@@ -14,11 +14,13 @@ Example:
     python3 tools/make_test_model.py --out /tmp/tiny.bin --L 2 --C 32 --NH 2 --maxT 64
 """
 import argparse
+import os
 import sys
 
 import numpy as np
 
-MODEL_MAGIC = 20240326
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from llmc_format import MODEL_MAGIC, param_shapes  # noqa: E402
 
 
 def fail(msg):
@@ -26,18 +28,6 @@ def fail(msg):
     sys.exit(1)
 
 
-def param_shapes(maxT, L, C, Vp):
-    """llm.c's parameter order and shapes (linear weights are [out, in])."""
-    return [
-        ("wte", (Vp, C)), ("wpe", (maxT, C)),
-        ("ln1w", (L, C)), ("ln1b", (L, C)),
-        ("qkvw", (L, 3 * C, C)), ("qkvb", (L, 3 * C)),
-        ("attprojw", (L, C, C)), ("attprojb", (L, C)),
-        ("ln2w", (L, C)), ("ln2b", (L, C)),
-        ("fcw", (L, 4 * C, C)), ("fcb", (L, 4 * C)),
-        ("fcprojw", (L, C, 4 * C)), ("fcprojb", (L, C)),
-        ("lnfw", (C,)), ("lnfb", (C,)),
-    ]
 
 
 def to_bf16_bits(x32):

@@ -30,7 +30,8 @@ except ImportError:
     print("oracle: torch is not installed for this python3 (it is on the GPU machine)", file=sys.stderr)
     sys.exit(1)
 
-MODEL_MAGIC = 20240326
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from llmc_format import MODEL_MAGIC, param_shapes  # noqa: E402
 FIXTURE_MAGIC = 20261202
 FIXTURE_VERSION = 1
 HEADER_INTS = 256
@@ -46,18 +47,6 @@ def fail(msg):
     sys.exit(1)
 
 
-def param_shapes(maxT, L, C, Vp):
-    """llm.c's parameter order and shapes (linear weights are [out, in])."""
-    return [
-        ("wte", (Vp, C)), ("wpe", (maxT, C)),
-        ("ln1w", (L, C)), ("ln1b", (L, C)),
-        ("qkvw", (L, 3 * C, C)), ("qkvb", (L, 3 * C)),
-        ("attprojw", (L, C, C)), ("attprojb", (L, C)),
-        ("ln2w", (L, C)), ("ln2b", (L, C)),
-        ("fcw", (L, 4 * C, C)), ("fcb", (L, 4 * C)),
-        ("fcprojw", (L, C, 4 * C)), ("fcprojb", (L, C)),
-        ("lnfw", (C,)), ("lnfb", (C,)),
-    ]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -46,7 +46,8 @@ except ImportError:
     print("pytorch_train_d12: torch is not installed for this python3", file=sys.stderr)
     sys.exit(1)
 
-MODEL_MAGIC = 20240326
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from llmc_format import MODEL_MAGIC, param_shapes  # noqa: E402
 SHARD_MAGIC = 20240520
 HEADER_BYTES = 256 * 4
 LN_EPS = 1e-5
@@ -90,11 +91,7 @@ def load_model(path, device):
         fail(f"--model {path}: unsupported version {version} (want 3 = fp32 or 5 = bf16)")
     if min(maxT, V, L, NH, C, Vp) <= 0 or C % NH != 0 or Vp < V:
         fail(f"--model {path}: bad shape in header (maxT {maxT} V {V} L {L} NH {NH} C {C} Vp {Vp})")
-    shapes = [("wte", (Vp, C)), ("wpe", (maxT, C)),
-              ("ln1w", (L, C)), ("ln1b", (L, C)), ("qkvw", (L, 3 * C, C)), ("qkvb", (L, 3 * C)),
-              ("attprojw", (L, C, C)), ("attprojb", (L, C)), ("ln2w", (L, C)), ("ln2b", (L, C)),
-              ("fcw", (L, 4 * C, C)), ("fcb", (L, 4 * C)), ("fcprojw", (L, C, 4 * C)),
-              ("fcprojb", (L, C)), ("lnfw", (C,)), ("lnfb", (C,))]
+    shapes = param_shapes(maxT, L, C, Vp)
     n = sum(math.prod(s) for _, s in shapes)
     width = 4 if version == 3 else 2
     if len(raw) != HEADER_BYTES + n * width:
