@@ -32,17 +32,7 @@ run_suite test_fixture_cuda_bf16 "$BUILD_DIR/test_fixture" --device cuda --dtype
 for s in test/test_gpu_*.sh; do
     [ -f "$s" ] && run_suite "$(basename "$s" .sh)" bash "$s"
 done
-# compute-sanitizer on a small configuration (memcheck and racecheck)
-if command -v compute-sanitizer >/dev/null 2>&1; then
-    tmp=$(mktemp -d)
-    build/make_shard "$tmp/s.bin" 20000 1
-    for tool in memcheck racecheck; do
-        run_suite "sanitizer_$tool" compute-sanitizer --tool $tool --error-exitcode 9 \
-            ./train_gpt2 --device cuda --input_bin "$tmp/s.bin" --model d2 --n_embd 64 --max_seq_len 32 \
-            --batch_size 1 --sequence_length 32 --num_iterations 1
-    done
-    rm -rf "$tmp"
-fi
+# compute-sanitizer: test/test_gpu_sanitizers.sh (run by the loop above)
 echo
 [ -n "$failed_names" ] && echo "failed suites:$failed_names"
 echo "$passed passed, $failed failed"
