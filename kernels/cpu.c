@@ -22,6 +22,7 @@
  * (exp_f: add/mul only) so the softmax and GELU loops vectorise. */
 #include "kernels.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -463,28 +464,39 @@ static void cpu_matmul_forward(Backend* be, void* out_, void* pre_gelu_, const v
     if (pre_gelu_) cpu_gelu_forward(be, out, pre, (size_t)N * OC);
 }
 
+/* dw[OC,C] += dout[:, 0:OC]^T @ inp[N,C], dout rows ld_dout apart. Each
+ * element dw[o,c] starts from its value and adds dout[n,o]*inp[n,c] for
+ * n = 0..N-1 in order (gemm_run: the k-blocking depends on N and C only,
+ * never on OC or ld_dout), so a column slice gives exactly the bits of the
+ * same rows of a full-width call. */
+static void cpu_matmul_backward_weight(Backend* be, void* dw, const void* dout, int ld_dout, const void* inp,
+                                       int N, int C, int OC) {
+    (void)be;
+    GemmArgs gw = {.M = OC, .N = C, .K = N, .A = dout, .a_rs = 1, .a_cs = ld_dout,
+                   .B = inp, .b_rs = C, .b_cs = 1, .C = dw, .ldc = C,
+                   .accumulate = 1, .bias = NULL};
+    gemm_run(&gw);
+}
+
 static void cpu_matmul_backward(Backend* be, void* dinp_, void* dw_, void* dbias_, const void* dout_,
                                 const void* inp, const void* w, const void* pre_gelu_,
                                 int N, int C, int OC) {
-    (void)be;
     float* dinp = dinp_;
     const float* dout = dout_;
-    /* dinp[N,C] = dout[N,OC] @ w[OC,C] */
-    GemmArgs gi = {.M = N, .N = C, .K = OC, .A = dout, .a_rs = OC, .a_cs = 1,
-                   .B = w, .b_rs = C, .b_cs = 1, .C = dinp, .ldc = C,
-                   .accumulate = 0, .bias = NULL};
-    gemm_run(&gi);
-    if (pre_gelu_) {
-        const float* pre = pre_gelu_;
-        size_t n = (size_t)N * C;
+    if (dinp) {
+        /* dinp[N,C] = dout[N,OC] @ w[OC,C] */
+        GemmArgs gi = {.M = N, .N = C, .K = OC, .A = dout, .a_rs = OC, .a_cs = 1,
+                       .B = w, .b_rs = C, .b_cs = 1, .C = dinp, .ldc = C,
+                       .accumulate = 0, .bias = NULL};
+        gemm_run(&gi);
+        if (pre_gelu_) {
+            const float* pre = pre_gelu_;
+            size_t n = (size_t)N * C;
 #pragma omp parallel for schedule(static)
-        for (size_t i = 0; i < n; i++) dinp[i] = dinp[i] * gelu_grad_f(pre[i]);
+            for (size_t i = 0; i < n; i++) dinp[i] = dinp[i] * gelu_grad_f(pre[i]);
+        }
     }
-    /* dw[OC,C] += dout^T[OC,N] @ inp[N,C] */
-    GemmArgs gw = {.M = OC, .N = C, .K = N, .A = dout, .a_rs = 1, .a_cs = OC,
-                   .B = inp, .b_rs = C, .b_cs = 1, .C = dw_, .ldc = C,
-                   .accumulate = 1, .bias = NULL};
-    gemm_run(&gw);
+    if (dw_) cpu_matmul_backward_weight(be, dw_, dout, OC, inp, N, C, OC);
     /* dbias[o] += sum_n dout[n,o]: per column, rows in order, in double */
     if (dbias_) {
         float* dbias = dbias_;
@@ -522,9 +534,11 @@ static void cpu_encoder_forward(Backend* be, void* out_, const int* inp, const v
 }
 
 /* Parallel over channel blocks: every element of dwte/dwpe gets its
- * contributions in (b, t) order, whatever the threading. */
-static void cpu_encoder_backward(Backend* be, void* dwte_, void* dwpe_, const void* dout_,
-                                 const int* inp, int B, int T, int C) {
+ * contributions in (b, t) order, whatever the threading. Token rows outside
+ * [v0, v1) are skipped (dwte points at row v0); a NULL dwte or dwpe skips
+ * that half. */
+static void cpu_encoder_backward_range(Backend* be, void* dwte_, void* dwpe_, const void* dout_,
+                                       const int* inp, int B, int T, int C, int v0, int v1) {
     (void)be;
     float* dwte = dwte_;
     float* dwpe = dwpe_;
@@ -537,12 +551,21 @@ static void cpu_encoder_backward(Backend* be, void* dwte_, void* dwpe_, const vo
         for (int bt = 0; bt < B * T; bt++) {
             int t = bt % T;
             const float* d = dout + (size_t)bt * C + c0;
-            float* we = dwte + (size_t)inp[bt] * C + c0;
-            float* wp = dwpe + (size_t)t * C + c0;
-            for (int j = 0; j < cnt; j++) we[j] += d[j];
-            for (int j = 0; j < cnt; j++) wp[j] += d[j];
+            if (dwte && inp[bt] >= v0 && inp[bt] < v1) {
+                float* we = dwte + (size_t)(inp[bt] - v0) * C + c0;
+                for (int j = 0; j < cnt; j++) we[j] += d[j];
+            }
+            if (dwpe) {
+                float* wp = dwpe + (size_t)t * C + c0;
+                for (int j = 0; j < cnt; j++) wp[j] += d[j];
+            }
         }
     }
+}
+
+static void cpu_encoder_backward(Backend* be, void* dwte, void* dwpe, const void* dout, const int* inp, int B,
+                                 int T, int C) {
+    cpu_encoder_backward_range(be, dwte, dwpe, dout, inp, B, T, C, 0, INT_MAX);
 }
 
 /* -------------------------------------------------------------- layernorm */
@@ -947,5 +970,7 @@ Backend* backend_cpu_create(void) {
     be->adamw = cpu_adamw;
     be->compute_stream = NULL;
     be->comm_stream = NULL;
+    be->matmul_backward_weight = cpu_matmul_backward_weight;
+    be->encoder_backward_range = cpu_encoder_backward_range;
     return be;
 }

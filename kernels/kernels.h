@@ -103,6 +103,8 @@ struct Backend {
                              float dloss, int N, int V, int Vp);
 
     /* ---- backward ---- */
+    /* dwte[inp[b,t]] += dout[b,t], dwpe[t] += dout[b,t] (every row of wte;
+     * encoder_backward_range below restricts it to some rows) */
     void (*encoder_backward)(Backend* be, void* dwte, void* dwpe, const void* dout,
                              const int* inp, int B, int T, int C);
     /* dinp += ..., dw += ..., db += ... */
@@ -113,7 +115,9 @@ struct Backend {
      * of dout (if dbias != NULL). If pre_gelu != NULL, the GELU backward is
      * fused: dinp = (dout @ w) * gelu'(pre_gelu). That serves the
      * fc -> gelu -> fcproj chain, where inp = gelu(pre_gelu): the result is
-     * the gradient of the fc pre-activation. */
+     * the gradient of the fc pre-activation. dinp == NULL skips dX (and the
+     * GELU); dw == NULL skips dW (the lm head computes dX first and its dW at
+     * the end of backward, through matmul_backward_weight). */
     void (*matmul_backward)(Backend* be, void* dinp, void* dw, void* dbias, const void* dout,
                             const void* inp, const void* w, const void* pre_gelu,
                             int N, int C, int OC);
@@ -137,6 +141,24 @@ struct Backend {
     /* streams for the communicator (CUDA: cudaStream_t; CPU: NULL) */
     void* compute_stream;
     void* comm_stream;
+
+    /* ---- added for ZeRO-2's embedding chunks (issue 8) ---- */
+    /* dw[OC,C] += dout[:, 0:OC]^T @ inp[N,C], the rows of dout ld_dout (>= OC)
+     * elements apart: matmul_backward's dW alone, for a column slice of a
+     * wider dout (pass dout + the slice's first column; dw is then the
+     * matching rows of the weight gradient). Each element gets the same sum
+     * in the same order as from matmul_backward's dW (CPU: the same bits as
+     * the full-width call, whatever the slice). */
+    void (*matmul_backward_weight)(Backend* be, void* dw, const void* dout, int ld_dout,
+                                   const void* inp, int N, int C, int OC);
+    /* encoder_backward restricted to the vocabulary rows [v0, v1): only
+     * tokens with v0 <= id < v1 contribute, into dwte, which points at row
+     * v0's gradient (rows v0..v1-1 follow it). dwte == NULL skips the token
+     * rows, dwpe == NULL the position rows (v0, v1 then do not matter). Each
+     * row gets the same terms in the same order as from encoder_backward, so
+     * calls over disjoint ranges give encoder_backward's bits. */
+    void (*encoder_backward_range)(Backend* be, void* dwte, void* dwpe, const void* dout,
+                                   const int* inp, int B, int T, int C, int v0, int v1);
 };
 
 /* Constructors: fatal() with a clear message when the backend is not available. */

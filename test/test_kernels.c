@@ -8,7 +8,10 @@
  * first (an unwritten or accumulated-into element fails); outputs that it
  * must accumulate into are pre-filled with random values. Determinism: each
  * case runs again with 2, 1 and 3 OpenMP threads and must give the same
- * bits. Ends with a GFLOP/s figure for the matmuls. */
+ * bits. Ends with a GFLOP/s figure for the matmuls. Also the two entries
+ * added for ZeRO-2's embedding chunks (matmul_backward_weight on a column
+ * slice, encoder_backward_range) and matmul_backward with dinp or dw NULL:
+ * against the references and bit for bit against the full calls. */
 #include "../kernels/kernels.h"
 #include "test.h"
 
@@ -324,6 +327,7 @@ static void test_memory(Ctx* cx) {
               be->attention_backward && be->gelu_backward,
           "a backward function pointer is NULL");
     CHECK(be->grad_sumsq && be->adamw, "an optimizer function pointer is NULL");
+    CHECK(be->matmul_backward_weight && be->encoder_backward_range, "an entry added for ZeRO-2 is NULL");
     CHECK(be->compute_stream == NULL && be->comm_stream == NULL, "cpu streams must be NULL");
 
     const size_t t0 = be->mem.total_current;
@@ -480,6 +484,78 @@ static void test_encoder_case(Ctx* cx, int B, int T, int C, int V, int fd) {
     }
     free(s.inp); free(s.wte); free(s.wpe); free(s.dout); free(s.dwte0); free(s.dwpe0);
     free(o); free(wte); free(wpe); free(ref); free(rte); free(rpe); free(used);
+}
+
+/* encoder_backward_range (ZeRO-2's wte chunks, issue 8): dwte points at row
+ * v0 and holds rows [v0, v1) only (with guard rows around it that must stay
+ * as they were), tokens outside the range skipped; dwte or dwpe NULL skips
+ * that half. Against the double reference, and calls over ranges tiling
+ * [0, V) (after a dwpe-only call) must give encoder_backward's bits. Token
+ * ids are drawn so that some rows get many tokens and some none. */
+static void test_encoder_range_case(Ctx* cx, int B, int T, int C, int V) {
+    Backend* be = cx->be;
+    Rng r;
+    case_rng(cx, &r);
+    const int BT = B * T, maxT = T + 2;
+    const size_t no = (size_t)BT * C, nte = (size_t)V * C, npe = (size_t)maxT * C;
+    int* inp = xmalloc(sizeof(int) * BT);
+    for (int i = 0; i < BT; i++) inp[i] = (int)(rng_u64(&r) % 4 == 0 ? rng_u64(&r) % 3 : rng_u64(&r) % (uint64_t)V);
+    float* dout = falloc(no);
+    float* te0 = falloc(nte);
+    float* pe0 = falloc(npe);
+    fill_normal(&r, dout, no, 1.0f);
+    fill_normal(&r, te0, nte, 1.0f);
+    fill_normal(&r, pe0, npe, 1.0f);
+    /* whole: encoder_backward */
+    float* te_all = falloc(nte);
+    float* pe_all = falloc(npe);
+    memcpy(te_all, te0, sizeof(float) * nte);
+    memcpy(pe_all, pe0, sizeof(float) * npe);
+    be->encoder_backward(be, te_all, pe_all, dout, inp, B, T, C);
+    /* tiled: dwpe alone, then ranges of rows into separate buffers with guards */
+    float* te_t = falloc(nte);
+    float* pe_t = falloc(npe);
+    memcpy(te_t, te0, sizeof(float) * nte);
+    memcpy(pe_t, pe0, sizeof(float) * npe);
+    be->encoder_backward_range(be, NULL, pe_t, dout, inp, B, T, C, 0, 0);
+    int pe_same = memcmp(pe_t, pe_all, sizeof(float) * npe) == 0;
+    int cuts[5] = {0, 1, V / 3 + 1, V - V / 4, V};
+    int guard_ok = 1;
+    const int G = 2;   /* guard rows either side */
+    for (int k = 0; k < 4; k++) {
+        int v0 = cuts[k], v1 = cuts[k + 1];
+        if (v1 <= v0) continue;
+        size_t nr = (size_t)(v1 - v0) * C;
+        float* buf = falloc(nr + 2 * (size_t)G * C);
+        for (size_t i = 0; i < (size_t)G * C; i++) buf[i] = buf[(size_t)G * C + nr + i] = -777.0f;
+        memcpy(buf + (size_t)G * C, te_t + (size_t)v0 * C, sizeof(float) * nr);
+        be->encoder_backward_range(be, buf + (size_t)G * C, NULL, dout, inp, B, T, C, v0, v1);
+        for (size_t i = 0; i < (size_t)G * C; i++) guard_ok &= buf[i] == -777.0f && buf[(size_t)G * C + nr + i] == -777.0f;
+        memcpy(te_t + (size_t)v0 * C, buf + (size_t)G * C, sizeof(float) * nr);
+        free(buf);
+    }
+    int te_same = memcmp(te_t, te_all, sizeof(float) * nte) == 0;
+    /* one middle range against the double reference: rows outside untouched */
+    int v0 = cuts[2] > 1 ? 1 : 0, v1 = cuts[2];
+    float* te_r = falloc(nte);
+    memcpy(te_r, te0, sizeof(float) * nte);
+    be->encoder_backward_range(be, te_r + (size_t)v0 * C, NULL, dout, inp, B, T, C, v0, v1);
+    double* ref = to_double(te0, nte);
+    for (int bt = 0; bt < BT; bt++)
+        if (inp[bt] >= v0 && inp[bt] < v1)
+            for (int c = 0; c < C; c++) ref[(size_t)inp[bt] * C + c] += dout[(size_t)bt * C + c];
+    double e = rel_err(te_r, ref, nte);
+    int outside_same = memcmp(te_r, te0, sizeof(float) * (size_t)v0 * C) == 0 &&
+                       memcmp(te_r + (size_t)v1 * C, te0 + (size_t)v1 * C, sizeof(float) * (size_t)(V - v1) * C) == 0;
+    printf("encoder_backward_range B=%d T=%d C=%d V=%d: rows [%d,%d) %.2e | 4 ranges + dwpe-only = encoder_backward %s\n",
+           B, T, C, V, v0, v1, e, te_same && pe_same ? "yes" : "NO");
+    CHECK(e <= TOL_BWD && outside_same, "encoder_backward_range rows [%d,%d): error %.3e, rows outside %s", v0, v1, e,
+          outside_same ? "untouched" : "WRITTEN");
+    CHECK(guard_ok, "encoder_backward_range wrote outside its rows");
+    CHECK(te_same, "encoder_backward_range over ranges tiling [0, V): dwte differs from encoder_backward");
+    CHECK(pe_same, "encoder_backward_range with dwte NULL: dwpe differs from encoder_backward");
+    free(inp); free(dout); free(te0); free(pe0); free(te_all); free(pe_all); free(te_t); free(pe_t); free(te_r);
+    free(ref);
 }
 
 /* -------------------------------------------------------------- layernorm */
@@ -777,6 +853,98 @@ static void test_matmul_case(Ctx* cx, int N, int C, int OC, int has_bias, int ge
     free(s.inp); free(s.w); free(s.bias); free(s.pre_prev); free(s.dout); free(s.dw0); free(s.db0);
     free(o); free(inp); free(w); free(bias); free(pp); free(G); free(out); free(pre);
     free(dinp); free(dw); free(db);
+}
+
+/* matmul_backward_weight (the lm head's dW per vocabulary chunk, issue 8):
+ * dw[OCs,C] += dout[:, col0:col0+OCs]^T @ inp, dout rows ldd apart. Against
+ * the double reference (accumulating into random values); the columns of
+ * dout outside the slice are NaN (read one and the result is NaN); guard rows
+ * after dw must stay as they were; the result must be bit-identical to the
+ * same rows of the full-width matmul_backward dW, and slices tiling the
+ * columns must give the full-width bits (the per-element order of the GEMM
+ * does not depend on the slice). Also matmul_backward with dinp == NULL (dW
+ * only) and with dw == NULL (dX only): the same bits as the full call. */
+typedef struct {
+    int N, C, ldd, col0, OCs;
+    float *dout, *inp, *dw0;
+} MwSt;
+static void mw_run(Backend* be, void* p, float* o) {
+    MwSt* s = p;
+    memcpy(o, s->dw0, sizeof(float) * (size_t)s->OCs * s->C);
+    be->matmul_backward_weight(be, o, s->dout + s->col0, s->ldd, s->inp, s->N, s->C, s->OCs);
+}
+
+static void test_matmul_weight_case(Ctx* cx, int N, int C, int ldd, int col0, int OCs) {
+    Backend* be = cx->be;
+    Rng r;
+    case_rng(cx, &r);
+    const size_t nd = (size_t)N * ldd, ni = (size_t)N * C, nw = (size_t)OCs * C;
+    const int guard = 3;
+    MwSt s = {N, C, ldd, col0, OCs, falloc(nd), falloc(ni), falloc(nw)};
+    float* full = falloc(nd);   /* the same dout without the poison, for the full-width call */
+    fill_normal(&r, full, nd, 1.0f);
+    fill_normal(&r, s.inp, ni, 1.0f);
+    fill_normal(&r, s.dw0, nw, 1.0f);
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < ldd; j++)
+            s.dout[(size_t)n * ldd + j] = (j >= col0 && j < col0 + OCs) ? full[(size_t)n * ldd + j] : NAN;
+    float* o = falloc(nw + (size_t)guard * C);
+    for (size_t i = nw; i < nw + (size_t)guard * C; i++) o[i] = 12345.0f;
+    mw_run(be, &s, o);
+    int guard_ok = 1;
+    for (size_t i = nw; i < nw + (size_t)guard * C; i++) guard_ok &= o[i] == 12345.0f;
+    /* double reference */
+    double* ref = dalloc(nw);
+    for (int q = 0; q < OCs; q++)
+        for (int c = 0; c < C; c++) {
+            double acc = s.dw0[(size_t)q * C + c];
+            for (int n = 0; n < N; n++)
+                acc += (double)full[(size_t)n * ldd + col0 + q] * (double)s.inp[(size_t)n * C + c];
+            ref[(size_t)q * C + c] = acc;
+        }
+    double e = rel_err(o, ref, nw);
+    /* full width: dW rows col0.. of matmul_backward over all ldd outputs */
+    float* wfull = falloc((size_t)ldd * C);
+    float* w = falloc((size_t)ldd * C);
+    float* dinp = falloc(ni);
+    fill_normal(&r, wfull, (size_t)ldd * C, 1.0f);
+    memcpy(wfull + (size_t)col0 * C, s.dw0, sizeof(float) * nw);
+    fill_normal(&r, w, (size_t)ldd * C, 1.0f);
+    float* wkeep = falloc((size_t)ldd * C);
+    memcpy(wkeep, wfull, sizeof(float) * (size_t)ldd * C);
+    be->matmul_backward(be, dinp, wfull, NULL, full, s.inp, w, NULL, N, C, ldd);
+    int same_full = memcmp(o, wfull + (size_t)col0 * C, sizeof(float) * nw) == 0;
+    /* tiled by three slices: the full-width bits everywhere */
+    float* tiled = falloc((size_t)ldd * C);
+    memcpy(tiled, wkeep, sizeof(float) * (size_t)ldd * C);
+    int cuts[4] = {0, ldd / 3, ldd - ldd / 4, ldd};
+    for (int k = 0; k < 3; k++)
+        if (cuts[k + 1] > cuts[k])
+            be->matmul_backward_weight(be, tiled + (size_t)cuts[k] * C, full + cuts[k], ldd, s.inp, N, C,
+                                       cuts[k + 1] - cuts[k]);
+    int same_tiled = memcmp(tiled, wfull, sizeof(float) * (size_t)ldd * C) == 0;
+    /* matmul_backward with dinp NULL (dW only) and with dw NULL (dX only) */
+    float* w2 = falloc((size_t)ldd * C);
+    memcpy(w2, wkeep, sizeof(float) * (size_t)ldd * C);
+    be->matmul_backward(be, NULL, w2, NULL, full, s.inp, w, NULL, N, C, ldd);
+    float* dinp2 = falloc(ni);
+    fill_nan(dinp2, ni);
+    be->matmul_backward(be, dinp2, NULL, NULL, full, s.inp, w, NULL, N, C, ldd);
+    int same_dw_only = memcmp(w2, wfull, sizeof(float) * (size_t)ldd * C) == 0;
+    int same_dx_only = memcmp(dinp2, dinp, sizeof(float) * ni) == 0;
+    printf("matmul_backward_weight N=%d C=%d columns [%d,%d) of %d: dw %.2e | = full-width rows %s, 3 slices = "
+           "full width %s, dW-only %s, dX-only %s\n",
+           N, C, col0, col0 + OCs, ldd, e, same_full ? "yes" : "NO", same_tiled ? "yes" : "NO",
+           same_dw_only ? "yes" : "NO", same_dx_only ? "yes" : "NO");
+    CHECK(e <= TOL_BWD, "matmul_backward_weight error %.3e (a column outside the slice read?)", e);
+    CHECK(guard_ok, "matmul_backward_weight wrote past its OC rows");
+    CHECK(same_full, "matmul_backward_weight: not the bits of the same rows of matmul_backward's dW");
+    CHECK(same_tiled, "matmul_backward_weight: slices tiling the columns differ from the full-width dW");
+    CHECK(same_dw_only, "matmul_backward with dinp NULL: dW differs from the full call");
+    CHECK(same_dx_only, "matmul_backward with dw NULL: dinp differs from the full call");
+    check_determinism(be, "matmul_backward_weight", mw_run, &s, nw);
+    free(s.dout); free(s.inp); free(s.dw0); free(full); free(o); free(ref); free(wfull); free(w); free(dinp);
+    free(wkeep); free(tiled); free(w2); free(dinp2);
 }
 
 /* finite differences of L = sum(G * f) through the matmul. mode 0: f =
@@ -1193,6 +1361,9 @@ int main(void) {
     test_encoder_case(&cx, 1, 1, 3, 2, 1);
     test_encoder_case(&cx, 3, 13, 130, 100, 0);
     test_encoder_case(&cx, 4, 64, 768, 1000, 0);
+    test_encoder_range_case(&cx, 2, 7, 36, 5);
+    test_encoder_range_case(&cx, 3, 13, 130, 100);
+    test_encoder_range_case(&cx, 4, 64, 768, 1000);
 
     test_layernorm_case(&cx, 13, 36, 1);
     test_layernorm_case(&cx, 3, 5, 1);
@@ -1220,6 +1391,13 @@ int main(void) {
     test_matmul_case(&cx, 6, 40, 4200, 1, 1, 0);   /* several packed column blocks (4096) */
     test_matmul_case(&cx, 3, 4500, 5, 1, 0, 1);
     test_matmul_case(&cx, 2, 600, 4200, 1, 0, 0);  /* column blocks x k-ranges */
+    /* the lm head's dW per vocabulary chunk: odd slices, several row blocks
+     * (MC 96) and k-blocks (KC 256), GPT-2-like chunk of a wide dout */
+    test_matmul_weight_case(&cx, 13, 36, 50, 7, 20);
+    test_matmul_weight_case(&cx, 1, 1, 3, 2, 1);
+    test_matmul_weight_case(&cx, 300, 40, 257, 0, 257);
+    test_matmul_weight_case(&cx, 300, 130, 1000, 192, 500);
+    test_matmul_weight_case(&cx, 64, 768, 3000, 1024, 1536);
     test_matmul_fd(&cx, 3, 5, 4, 0);
     test_matmul_fd(&cx, 7, 36, 13, 0);
     test_matmul_fd(&cx, 5, 9, 6, 1);

@@ -9,7 +9,9 @@
  * in fp32 and bf16) so an unwritten element fails; outputs it must
  * accumulate into are pre-filled with random values on both sides. Every
  * backward (and AdamW) runs twice from the same state and must give the
- * same bits.
+ * same bits. The entries added for ZeRO-2's embedding chunks
+ * (encoder_backward_range, matmul_backward_weight on a column slice) are
+ * also checked against this backend's whole calls.
  *
  *   test_kernels_gpu            the tests (skipped, passing, without a GPU)
  *   test_kernels_gpu --bench    also time each kernel at GPT-2 124M sizes
@@ -472,6 +474,137 @@ static void t_matmul(Ctx* cx, int N, int C, int OC, int use_bias, int use_gelu) 
     case_end(cx);
 }
 
+/* encoder_backward_range (ZeRO-2's wte chunks): ranges tiling [0, V), each
+ * into its own buffer with poisoned guard rows either side (they must stay
+ * poisoned), after a dwpe-only call. The pieces put together must equal the
+ * CPU kernel (tolerance) and this backend's encoder_backward bit for bit
+ * (same sort, same chunks of the sorted array, out-of-range runs skipped).
+ * Half the tokens are one id, so its run crosses many chunks of the sorted
+ * array. */
+static void t_encoder_range(Ctx* cx, int B, int T, int C, int V) {
+    size_t BT = (size_t)B * T, nte = (size_t)V * C, npe = (size_t)T * C, es = xs(cx);
+    int* tok = xmalloc(sizeof(int) * BT);
+    for (size_t i = 0; i < BT; i++) tok[i] = rng_u64(&cx->rng) % 2 ? 1 % V : (int)(rng_u64(&cx->rng) % (uint64_t)V);
+    int* dtok = up_raw(cx, tok, sizeof(int) * BT);
+    float* g = rand_x(cx, BT * C, 1.0f);
+    float* w0 = rand_x(cx, nte, 1.0f);
+    float* p0 = rand_x(cx, npe, 1.0f);
+    void* dg = up_x(cx, g, BT * C);
+    /* whole, this backend */
+    void* wall = up_x(cx, w0, nte);
+    void* pall = up_x(cx, p0, npe);
+    cx->g->encoder_backward(cx->g, wall, pall, dg, dtok, B, T, C);
+    /* pieces */
+    void* pr = up_x(cx, p0, npe);
+    cx->g->encoder_backward_range(cx->g, NULL, pr, dg, dtok, B, T, C, 0, 0);
+    const int G = 2;
+    int cuts[5] = {0, 1, V / 3 + 1, V - V / 4, V};
+    float* got = copy_f(w0, nte);
+    int guard_ok = 1;
+    unsigned char* hg = xmalloc((size_t)G * C * es);
+    for (int k = 0; k < 4; k++) {
+        int v0 = cuts[k], v1 = cuts[k + 1];
+        if (v1 <= v0) continue;
+        size_t nr = (size_t)(v1 - v0) * C;
+        char* buf = poisoned(cx, (nr + 2 * (size_t)G * C) * es);
+        to_x(cx, buf + (size_t)G * C * es, w0 + (size_t)v0 * C, nr);
+        cx->g->encoder_backward_range(cx->g, buf + (size_t)G * C * es, NULL, dg, dtok, B, T, C, v0, v1);
+        down_x(cx, got + (size_t)v0 * C, buf + (size_t)G * C * es, nr);
+        for (int side = 0; side < 2; side++) {
+            cx->g->to_host(cx->g, hg, buf + (side ? (size_t)G * C + nr : 0) * es, (size_t)G * C * es);
+            for (size_t i = 0; i < (size_t)G * C * es; i++) guard_ok &= hg[i] == 0xFF;
+        }
+    }
+    float* rw = copy_f(w0, nte);
+    float* rp = copy_f(p0, npe);
+    cx->c->encoder_backward(cx->c, rw, rp, g, tok, B, T, C);
+    char name[128];
+    snprintf(name, sizeof name, "encoder_backward_range 4 ranges B=%d T=%d C=%d V=%d", B, T, C, V);
+    compare(cx, name, got, rw, nte);
+    float* hp = get_x(cx, pr, npe);
+    snprintf(name, sizeof name, "encoder_backward_range dwpe only B=%d T=%d C=%d", B, T, C);
+    compare(cx, name, hp, rp, npe);
+    printf("  %-58s %-4s %s\n", "encoder_backward_range: guard rows", dtype_name(cx->dt),
+           guard_ok ? "untouched" : "WRITTEN  <-- FAIL");
+    CHECK(guard_ok, "encoder_backward_range (%s) wrote outside its rows", dtype_name(cx->dt));
+    /* bit for bit the whole-range call of this backend */
+    void* wup = up_x(cx, got, nte);
+    check_same(cx, "encoder_backward_range: ranges = encoder_backward (dwte, dwpe)",
+               same_bits(cx, wup, wall, nte * es) && same_bits(cx, pr, pall, npe * es));
+    free(hg);
+    free(got);
+    free(hp);
+    free(rw);
+    free(rp);
+    free(g);
+    free(w0);
+    free(p0);
+    free(tok);
+    case_end(cx);
+}
+
+/* matmul_backward_weight on a column slice [col0, col0 + OCs) of dout[N,
+ * ldd], whose other columns are poisoned: against the CPU kernel; the rows
+ * after dw are poisoned and must stay so; twice the same bits. Then
+ * matmul_backward with dinp NULL (dW only) and with dw NULL (dX only): the
+ * same bits as the full call. */
+static void t_matmul_weight(Ctx* cx, int N, int C, int ldd, int col0, int OCs) {
+    size_t nd = (size_t)N * ldd, ni = (size_t)N * C, nw = (size_t)OCs * C, es = xs(cx);
+    float* g = rand_x(cx, nd, 1.0f);
+    float* inp = rand_x(cx, ni, 1.0f);
+    float* dw0 = rand_x(cx, nw, 1.0f);
+    /* dout: poisoned, then the slice's columns row by row */
+    char* dd = poisoned(cx, nd * es);
+    for (int n = 0; n < N; n++)
+        to_x(cx, dd + ((size_t)n * ldd + col0) * es, g + (size_t)n * ldd + col0, (size_t)OCs);
+    void* dinp = up_x(cx, inp, ni);
+    const int G = 2;
+    char* gw[2];
+    for (int r = 0; r < 2; r++) {
+        gw[r] = poisoned(cx, (nw + (size_t)G * C) * es);
+        to_x(cx, gw[r], dw0, nw);
+        cx->g->matmul_backward_weight(cx->g, gw[r], dd + (size_t)col0 * es, ldd, dinp, N, C, OCs);
+    }
+    float* rw = copy_f(dw0, nw);
+    cx->c->matmul_backward_weight(cx->c, rw, g + col0, ldd, inp, N, C, OCs);
+    float* hw = get_x(cx, gw[0], nw);
+    char name[128];
+    snprintf(name, sizeof name, "matmul_backward_weight N=%d C=%d cols [%d,%d) of %d", N, C, col0, col0 + OCs, ldd);
+    compare(cx, name, hw, rw, nw);
+    unsigned char* hg = xmalloc((size_t)G * C * es);
+    cx->g->to_host(cx->g, hg, gw[0] + nw * es, (size_t)G * C * es);
+    int guard_ok = 1;
+    for (size_t i = 0; i < (size_t)G * C * es; i++) guard_ok &= hg[i] == 0xFF;
+    printf("  %-58s %-4s %s\n", "matmul_backward_weight: rows after dw", dtype_name(cx->dt),
+           guard_ok ? "untouched" : "WRITTEN  <-- FAIL");
+    CHECK(guard_ok, "matmul_backward_weight (%s) wrote past its rows", dtype_name(cx->dt));
+    check_same(cx, "matmul_backward_weight twice", same_bits(cx, gw[0], gw[1], nw * es));
+    /* matmul_backward with one half skipped = that half of the full call */
+    float* wt = rand_x(cx, (size_t)ldd * C, 1.0f / sqrtf((float)C));
+    float* wacc = rand_x(cx, (size_t)ldd * C, 1.0f);
+    void* dgf = up_x(cx, g, nd);
+    void* dwt = up_x(cx, wt, (size_t)ldd * C);
+    void* fi = poisoned(cx, ni * es);
+    void* fw = up_x(cx, wacc, (size_t)ldd * C);
+    cx->g->matmul_backward(cx->g, fi, fw, NULL, dgf, dinp, dwt, NULL, N, C, ldd);
+    void* wonly = up_x(cx, wacc, (size_t)ldd * C);
+    cx->g->matmul_backward(cx->g, NULL, wonly, NULL, dgf, dinp, dwt, NULL, N, C, ldd);
+    void* ionly = poisoned(cx, ni * es);
+    cx->g->matmul_backward(cx->g, ionly, NULL, NULL, dgf, dinp, dwt, NULL, N, C, ldd);
+    check_same(cx, "matmul_backward dinp NULL: dW = the full call's",
+               same_bits(cx, wonly, fw, (size_t)ldd * C * es));
+    check_same(cx, "matmul_backward dw NULL: dinp = the full call's", same_bits(cx, ionly, fi, ni * es));
+    free(hg);
+    free(hw);
+    free(rw);
+    free(g);
+    free(inp);
+    free(dw0);
+    free(wt);
+    free(wacc);
+    case_end(cx);
+}
+
 static void t_attention(Ctx* cx, int B, int T, int C, int NH) {
     char name[128], shape[64];
     snprintf(shape, sizeof shape, "B=%d T=%d C=%d NH=%d (hs %d)", B, T, C, NH, C / NH);
@@ -747,6 +880,9 @@ static void run_all(Backend* cpu, DType dt) {
     t_encoder(&cx, 2, 17, 40, 7);
     t_encoder(&cx, 3, 33, 33, 11);
     t_encoder(&cx, 4, 64, 768, 50);
+    t_encoder_range(&cx, 2, 17, 40, 7);
+    t_encoder_range(&cx, 4, 64, 768, 1000);
+    t_encoder_range(&cx, 8, 1024, 768, 50304);
     t_layernorm(&cx, 37, 40);
     t_layernorm(&cx, 5, 33);
     t_layernorm(&cx, 300, 768);
@@ -759,6 +895,9 @@ static void run_all(Backend* cpu, DType dt) {
     t_matmul(&cx, 256, 768, 3072, 1, 1);
     t_matmul(&cx, 128, 3072, 768, 1, 0);
     t_matmul(&cx, 128, 96, 200, 0, 1);
+    t_matmul_weight(&cx, 37, 40, 50, 7, 21);     /* odd: the fallback GEMM */
+    t_matmul_weight(&cx, 512, 768, 50304, 5184, 5184);   /* a GPT-2 124M wte chunk */
+    t_matmul_weight(&cx, 256, 768, 50304, 46656, 3648);  /* the last one */
     t_attention(&cx, 2, 64, 128, 2);
     t_attention(&cx, 1, 130, 128, 2);
     t_attention(&cx, 1, 100, 96, 3);

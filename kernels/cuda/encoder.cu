@@ -7,10 +7,17 @@
  *    radix sort: equal ids keep position order), so each run of equal ids is
  *    one vocabulary row; runs are summed in fixed chunks of the sorted array
  *    and the pieces of long runs added in chunk order (enc_dwte_phase_a/b).
- *    Same inputs, same order, same bits. */
+ *    Same inputs, same order, same bits.
+ *  - encoder_backward_range (ZeRO-2's wte chunks, issue 8): the same sort of
+ *    all B*T ids and the same chunks of the sorted array; runs whose id is
+ *    outside [v0, v1) are skipped, so every row in the range gets exactly
+ *    the terms, in the order, of the whole-range call. The whole-range call
+ *    (encoder_backward) costs what it did: one comparison per run more. A
+ *    chunked backward pays one sort per chunk (B*T ints, tens of us). */
 #include "common.cuh"
 
 #include <cub/cub.cuh>
+#include <climits>
 
 template <typename T, int V>
 __global__ void enc_fwd_kernel(T* out, const int* inp, const T* wte, const T* wpe, int BT, int T_,
@@ -101,7 +108,7 @@ __global__ void iota_kernel(int* p, int n) {
 template <typename T, int V, int NCH>
 __global__ void __launch_bounds__(ENC_WARPS * 32)
     enc_dwte_phase_a(T* dwte, float* part_first, float* part_last, int* owner, const T* dout,
-                     const int* keys, const int* pos, int BT, int C) {
+                     const int* keys, const int* pos, int BT, int C, int v0, int v1) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int chunk = blockIdx.x * ENC_WARPS + warp;
     const int start = chunk * ENC_R;
@@ -111,6 +118,10 @@ __global__ void __launch_bounds__(ENC_WARPS * 32)
     int i = start;
     while (i < end) {
         const int key = keys[i];
+        if (key < v0 || key >= v1) {   /* another call's rows: skip the run */
+            while (i < end && keys[i] == key) i++;
+            continue;
+        }
         float acc[NCH][V];
 #pragma unroll
         for (int j = 0; j < NCH; j++)
@@ -146,7 +157,7 @@ __global__ void __launch_bounds__(ENC_WARPS * 32)
 #pragma unroll
                     for (int k = 0; k < V; k++) dst[c + k] = acc[j][k];
                 } else {
-                    T* w = dwte + (size_t)key * C + c;
+                    T* w = dwte + (size_t)(key - v0) * C + c;
                     float cur[V];
                     load_vec<V>(cur, w);
 #pragma unroll
@@ -163,7 +174,7 @@ __global__ void __launch_bounds__(ENC_WARPS * 32)
 template <typename T, int V, int NCH>
 __global__ void __launch_bounds__(ENC_WARPS * 32)
     enc_dwte_phase_b(T* dwte, const float* part_first, const float* part_last, const int* owner,
-                     const int* keys, int BT, int C, int nchunks) {
+                     const int* keys, int BT, int C, int nchunks, int v0) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int chunk = blockIdx.x * ENC_WARPS + warp;
     if (chunk >= nchunks || !owner[chunk]) return;
@@ -194,7 +205,7 @@ __global__ void __launch_bounds__(ENC_WARPS * 32)
     for (int j = 0; j < NCH; j++) {
         int c = (j * 32 + lane) * V;
         if (c < C) {
-            T* w = dwte + (size_t)key * C + c;
+            T* w = dwte + (size_t)(key - v0) * C + c;   /* (owner is set only for runs in range) */
             float cur[V];
             load_vec<V>(cur, w);
 #pragma unroll
@@ -208,22 +219,25 @@ static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
 
 template <typename T>
 static void enc_bwd(Backend* be, T* dwte, T* dwpe, const T* dout, const int* inp, int B, int T_,
-                    int C) {
+                    int C, int v0, int v1) {
     cudaStream_t st = cuda_ctx(be)->stream;
     int BT = B * T_;
     if (BT == 0 || C == 0) return;
     constexpr int VV = Vec16<T>::N;
-    bool vec = C % VV == 0 && aligned16(dwte) && aligned16(dwpe) && aligned16(dout);
+    bool vec = C % VV == 0 && (!dwte || aligned16(dwte)) && (!dwpe || aligned16(dwpe)) && aligned16(dout);
 
     /* dwpe */
-    if (vec) {
-        size_t n = (size_t)T_ * (C / VV);
-        enc_dwpe_kernel<T, VV><<<cdiv(n, 128), 128, 0, st>>>(dwpe, dout, B, T_, C);
-    } else {
-        size_t n = (size_t)T_ * C;
-        enc_dwpe_kernel<T, 1><<<cdiv(n, 128), 128, 0, st>>>(dwpe, dout, B, T_, C);
+    if (dwpe) {
+        if (vec) {
+            size_t n = (size_t)T_ * (C / VV);
+            enc_dwpe_kernel<T, VV><<<cdiv(n, 128), 128, 0, st>>>(dwpe, dout, B, T_, C);
+        } else {
+            size_t n = (size_t)T_ * C;
+            enc_dwpe_kernel<T, 1><<<cdiv(n, 128), 128, 0, st>>>(dwpe, dout, B, T_, C);
+        }
+        LAUNCH_CHECK();
     }
-    LAUNCH_CHECK();
+    if (!dwte || v0 >= v1) return;
 
     /* dwte: sort (id, position) pairs, then one block per run */
     size_t temp_bytes = 0;
@@ -249,10 +263,10 @@ static void enc_bwd(Backend* be, T* dwte, T* dwpe, const T* dout, const int* inp
     unsigned grid = cdiv(nchunks, ENC_WARPS);
     auto launch = [&](auto a, auto b) {
         a<<<grid, ENC_WARPS * 32, 0, st>>>(dwte, part_first, part_last, owner, dout, keys_out,
-                                            vals_out, BT, C);
+                                            vals_out, BT, C, v0, v1);
         LAUNCH_CHECK();
         b<<<grid, ENC_WARPS * 32, 0, st>>>(dwte, part_first, part_last, owner, keys_out, BT, C,
-                                            nchunks);
+                                            nchunks, v0);
         LAUNCH_CHECK();
     };
     bool ok;
@@ -276,10 +290,15 @@ static void enc_bwd(Backend* be, T* dwte, T* dwpe, const T* dout, const int* inp
     if (!ok) fatal("encoder_backward: C=%d is larger than the CUDA backend supports (2048)", C);
 }
 
+void cuda_encoder_backward_range(Backend* be, void* dwte, void* dwpe, const void* dout, const int* inp, int B,
+                                 int T, int C, int v0, int v1) {
+    if (be->dtype == DTYPE_BF16)
+        enc_bwd<bf16>(be, (bf16*)dwte, (bf16*)dwpe, (const bf16*)dout, inp, B, T, C, v0, v1);
+    else
+        enc_bwd<float>(be, (float*)dwte, (float*)dwpe, (const float*)dout, inp, B, T, C, v0, v1);
+}
+
 void cuda_encoder_backward(Backend* be, void* dwte, void* dwpe, const void* dout, const int* inp,
                            int B, int T, int C) {
-    if (be->dtype == DTYPE_BF16)
-        enc_bwd<bf16>(be, (bf16*)dwte, (bf16*)dwpe, (const bf16*)dout, inp, B, T, C);
-    else
-        enc_bwd<float>(be, (float*)dwte, (float*)dwpe, (const float*)dout, inp, B, T, C);
+    cuda_encoder_backward_range(be, dwte, dwpe, dout, inp, B, T, C, 0, INT_MAX);
 }

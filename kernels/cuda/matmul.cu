@@ -7,6 +7,8 @@
  *   dinp      dinp^T[C,N]  = W[C,OC] * dout^T[OC,N]            (m=C, n=N, k=OC)
  *             epilogue DGELU (aux = pre_gelu) when pre_gelu is given
  *   dW        dW^T[C,OC]  += inp^T[C,N] * dout[N,OC]           (m=C, n=OC, k=N, beta=1)
+ *             (matmul_backward_weight: the same with ldb = ld_dout, a column
+ *             slice of a wider dout: the lm head's dW per vocabulary chunk)
  *   dbias     column sums of dout (own kernel: it must accumulate, and be
  *             deterministic), fp32 per-chunk partials + fixed-order final sum.
  * bf16: bf16 operands, fp32 accumulation (CUBLAS_COMPUTE_32F). fp32: exact
@@ -48,8 +50,18 @@ static int ptr_align(const void* p) {
     return a;
 }
 
+void cuda_matmul_backward_weight(Backend* be, void* dw, const void* dout, int ld_dout, const void* inp, int N,
+                                 int C, int OC);
+void cuda_encoder_backward_range(Backend* be, void* dwte, void* dwpe, const void* dout, const int* inp, int B,
+                                 int T, int C, int v0, int v1);
+
 void cuda_matmul_init(Backend* be) {
     CudaCtx* c = cuda_ctx(be);
+    /* The two table entries added for ZeRO-2's embedding chunks (issue 8):
+     * set here, since backend.cu (which fills the rest of the table) calls
+     * this after it. */
+    be->matmul_backward_weight = cuda_matmul_backward_weight;
+    be->encoder_backward_range = cuda_encoder_backward_range;
     CUBLAS_CHECK(cublasLtCreate(&c->lt));
     c->lt_workspace_bytes = LT_WORKSPACE_BYTES;
     c->lt_workspace = cuda_alloc_tracked(be, c->lt_workspace_bytes, MEM_OTHER);
@@ -278,25 +290,39 @@ static void dbias_launch(Backend* be, T* dbias, const T* dout, int N, int OC) {
     LAUNCH_CHECK();
 }
 
+/* dw[OC,C] += dout[:, 0:OC]^T inp, dout's rows ld_dout apart:
+ * dW^T[C,OC] = inp^T[C,N] * (the OC x N column-major view of dout, ld
+ * ld_dout)^T. One plan per (shape, ld, alignments), like every GEMM here:
+ * the same call gives the same bits. */
+void cuda_matmul_backward_weight(Backend* be, void* dw, const void* dout, int ld_dout, const void* inp, int N,
+                                 int C, int OC) {
+    if (N == 0 || C == 0 || OC == 0) return;
+    if (ld_dout < OC) fatal("matmul_backward_weight: ld_dout %d is smaller than OC %d", ld_dout, OC);
+    lt_matmul_required(be, dw, inp, dout, C, OC, N, 0, 1, C, ld_dout, C, 1.0f, CUBLASLT_EPILOGUE_DEFAULT,
+                       NULL);
+}
+
 void cuda_matmul_backward(Backend* be, void* dinp, void* dw, void* dbias, const void* dout,
                           const void* inp, const void* w, const void* pre_gelu, int N, int C,
                           int OC) {
     if (N == 0 || C == 0 || OC == 0) return;
-    /* dinp = dout @ w (overwrite), with the GELU backward fused when asked */
-    int done = 0;
-    if (pre_gelu && C % 8 == 0)
-        done = lt_matmul(be, dinp, w, dout, C, N, OC, 0, 0, C, OC, C, 0.0f, CUBLASLT_EPILOGUE_DGELU,
-                         NULL, pre_gelu, C);
-    if (!done) {
-        lt_matmul_required(be, dinp, w, dout, C, N, OC, 0, 0, C, OC, C, 0.0f,
-                           CUBLASLT_EPILOGUE_DEFAULT, NULL);
-        if (pre_gelu) cuda_gelu_backward(be, dinp, pre_gelu, dinp, (size_t)N * C);
+    /* dinp = dout @ w (overwrite), with the GELU backward fused when asked;
+     * skipped when dinp is NULL */
+    if (dinp) {
+        int done = 0;
+        if (pre_gelu && C % 8 == 0)
+            done = lt_matmul(be, dinp, w, dout, C, N, OC, 0, 0, C, OC, C, 0.0f, CUBLASLT_EPILOGUE_DGELU,
+                             NULL, pre_gelu, C);
+        if (!done) {
+            lt_matmul_required(be, dinp, w, dout, C, N, OC, 0, 0, C, OC, C, 0.0f,
+                               CUBLASLT_EPILOGUE_DEFAULT, NULL);
+            if (pre_gelu) cuda_gelu_backward(be, dinp, pre_gelu, dinp, (size_t)N * C);
+        }
     }
-    /* dw += dout^T inp: dW^T[C,OC] = inp^T[C,N] * dout[N,OC]. dbias by our
-     * column-sum kernel: cuBLASLt's BGRADB epilogue (tried 2026-12-02) made
-     * the dW GEMM slower than GEMM + column sum, and it overwrites. */
-    lt_matmul_required(be, dw, inp, dout, C, OC, N, 0, 1, C, OC, C, 1.0f, CUBLASLT_EPILOGUE_DEFAULT,
-                       NULL);
+    /* dw += dout^T inp (skipped when dw is NULL). dbias by our column-sum
+     * kernel: cuBLASLt's BGRADB epilogue (tried 2026-12-02) made the dW GEMM
+     * slower than GEMM + column sum, and it overwrites. */
+    if (dw) cuda_matmul_backward_weight(be, dw, dout, OC, inp, N, C, OC);
     if (dbias) {
         if (be->dtype == DTYPE_BF16) dbias_launch<bf16>(be, (bf16*)dbias, (const bf16*)dout, N, OC);
         else dbias_launch<float>(be, (float*)dbias, (const float*)dout, N, OC);
