@@ -13,6 +13,11 @@
  *    slices); folding `align` into M makes every bucket start, and so the
  *    first parameter of every bucket, a multiple of `align` as well. With the
  *    usual power-of-two align <= 128, M is just lcm(world, 128).
+ *  - A spec with row_len > 0 and more than bucket_size elements is first
+ *    expanded into its row chunks (layout_chunk_rows): each chunk closes the
+ *    bucket before it and its own; a chunk's length is a multiple of M, so
+ *    its bucket is exactly the chunk and the next chunk starts at its end.
+ *    A spec's new_bucket flag closes the bucket before it.
  * All arithmetic is on size_t with explicit overflow checks: a layout that
  * would not fit in size_t (or more pieces than an int counts) is rejected. */
 #include "layout.h"
@@ -114,7 +119,73 @@ int layout_build(Layout* L, const LayoutParamSpec* specs, int nparams, size_t bu
         return -1;
     }
 
+    /* Expand the specs into layout parameters: a spec cut into row chunks
+     * gives one parameter per chunk (spec_off = its first element), each
+     * with a bucket break before it, and a break after the last one. */
+    const int nspecs = nparams;
+    size_t* chunk_rows = xcalloc((size_t)nspecs, sizeof *chunk_rows);  /* 0: not cut */
+    size_t nexp = 0;
+    for (int s = 0; s < nspecs; s++) {
+        size_t rl = specs[s].row_len;
+        if (rl == 0) {
+            nexp++;
+            continue;
+        }
+        if (specs[s].numel % rl != 0) {
+            free(chunk_rows);
+            layout_set_err(err, errlen, "layout: parameter %s has %zu elements, not a multiple of its row length %zu",
+                           layout_pname(&specs[s], s, nbuf, sizeof nbuf), specs[s].numel, rl);
+            return -1;
+        }
+        size_t rows = specs[s].numel / rl;
+        size_t cr = layout_chunk_rows(rows, rl, specs[s].row_align, bucket_size, world, align);
+        if (cr == 0) {
+            free(chunk_rows);
+            goto too_large_specs;
+        }
+        if (cr < rows) {
+            chunk_rows[s] = cr;
+            nexp += (rows + cr - 1) / cr;
+        } else {
+            nexp++;
+        }
+    }
+    if (nexp > (size_t)INT_MAX) {
+        free(chunk_rows);
+        goto too_large_specs;
+    }
+    nparams = (int)nexp;
     LayoutParam* params = xcalloc((size_t)nparams, sizeof *params);
+    unsigned char* brk = xcalloc((size_t)nparams + 1, 1);   /* 1: a bucket starts at this param */
+    {
+        int k = 0;
+        for (int s = 0; s < nspecs; s++) {
+            if (specs[s].new_bucket) brk[k] = 1;
+            if (chunk_rows[s] == 0) {
+                params[k].numel = specs[s].numel;
+                params[k].spec = s;
+                params[k].spec_off = 0;
+                params[k].name = specs[s].name;
+                params[k].decay = specs[s].decay;
+                k++;
+                continue;
+            }
+            size_t rl = specs[s].row_len, rows = specs[s].numel / rl, cr = chunk_rows[s];
+            for (size_t r0 = 0; r0 < rows; r0 += cr) {
+                size_t nr = rows - r0 < cr ? rows - r0 : cr;
+                brk[k] = 1;
+                params[k].numel = nr * rl;
+                params[k].spec = s;
+                params[k].spec_off = r0 * rl;
+                params[k].name = specs[s].name;
+                params[k].decay = specs[s].decay;
+                k++;
+            }
+            brk[k] = 1;   /* the bucket closes after the last chunk */
+        }
+    }
+    free(chunk_rows);
+
     LayoutBucket* buckets = xcalloc((size_t)nparams, sizeof *buckets); /* at most one per param */
     int nbuckets = 0;
     size_t total_params = 0;
@@ -128,15 +199,13 @@ int layout_build(Layout* L, const LayoutParamSpec* specs, int nparams, size_t bu
         for (;;) {
             size_t off = end;
             if (i > B->first_param && !layout_round_up(end, align, &off)) goto too_large;
-            if (off > SIZE_MAX - specs[i].numel) goto too_large;
+            if (off > SIZE_MAX - params[i].numel) goto too_large;
             params[i].offset = off;
-            params[i].numel = specs[i].numel;
             params[i].bucket = nbuckets;
-            params[i].decay = specs[i].decay;
-            end = off + specs[i].numel;
-            total_params += specs[i].numel;  /* <= end, cannot overflow */
+            end = off + params[i].numel;
+            total_params += params[i].numel;  /* <= end, cannot overflow */
             i++;
-            if (end - bstart >= bucket_size || i == nparams) break;
+            if (end - bstart >= bucket_size || i == nparams || brk[i]) break;
         }
         size_t bend;
         if (!layout_round_up(end, m, &bend)) goto too_large;
@@ -217,15 +286,19 @@ int layout_build(Layout* L, const LayoutParamSpec* specs, int nparams, size_t bu
     L->pieces = pieces;
     L->rank_first_piece = first;
     L->rank_owned = owned;
+    L->nspecs = nspecs;
+    free(brk);
     return 0;
 
 too_large:
     free(params);
     free(buckets);
+    free(brk);
+too_large_specs:
     layout_set_err(err, errlen,
                    "layout: the flat buffer (%d parameters, world %d, align %zu) is too large to "
                    "address with size_t",
-                   nparams, world, align);
+                   nspecs, world, align);
     return -1;
 }
 
@@ -294,6 +367,18 @@ void layout_print(const Layout* L, FILE* f) {
             L->nparams, L->nbuckets, bmin, bmax, L->ngroups, L->world, L->align, L->bucket_size);
     fprintf(f, "layout: %zu elements = %zu params + %zu padding (%.2f%%), %d pieces\n", L->total,
             L->total_params, pad, pct, L->npieces);
+    if (L->nparams > L->nspecs) {
+        /* the row-chunked specs: how many chunks of how many rows */
+        for (int p = 0; p < L->nparams;) {
+            int q = p;
+            while (q + 1 < L->nparams && L->params[q + 1].spec == L->params[p].spec) q++;
+            if (q > p)
+                fprintf(f, "layout: %s cut into %d row chunks of %zu elements (last %zu), a bucket each\n",
+                        L->params[p].name ? L->params[p].name : "a parameter", q - p + 1, L->params[p].numel,
+                        L->params[q].numel);
+            p = q + 1;
+        }
+    }
     if (L->world <= 8) {
         fprintf(f, "layout: owned per rank:");
         for (int r = 0; r < L->world; r++) fprintf(f, " r%d=%zu", r, L->rank_owned[r]);
@@ -343,4 +428,27 @@ OptPiece* layout_shard_pieces(const Layout* L, int rank, int* n) {
     free(off);
     if (n) *n = np;
     return out;
+}
+
+/* ---- row chunks (see layout.h) ---- */
+
+size_t layout_chunk_rows(size_t rows, size_t row_len, size_t row_align, size_t bucket_size, int world,
+                         size_t align) {
+    if (rows == 0 || row_len == 0 || world < 1 || align < 1) return rows;
+    if (rows > SIZE_MAX / row_len) return 0;
+    if (rows * row_len <= bucket_size) return rows;   /* fits one bucket: not cut */
+    size_t m, u;
+    if (!layout_lcm((size_t)world, 128, &m) || !layout_lcm(m, align, &m)) return 0;
+    /* smallest u with u * row_len divisible by m */
+    u = m / layout_gcd(m, row_len);
+    if (row_align > 1 && !layout_lcm(u, row_align, &u)) return 0;
+    if (u > SIZE_MAX / row_len) return 0;
+    /* largest multiple of u whose length is at most bucket_size, at least u */
+    size_t cr = bucket_size / row_len / u * u;
+    if (cr < u) cr = u;
+    /* at most LAYOUT_MAX_ROW_CHUNKS chunks */
+    size_t few;
+    if (!layout_round_up((rows + LAYOUT_MAX_ROW_CHUNKS - 1) / LAYOUT_MAX_ROW_CHUNKS, u, &few)) return 0;
+    if (few > cr) cr = few;
+    return cr < rows ? cr : rows;
 }

@@ -17,6 +17,16 @@
  *    holds its pieces back to back (state_off), with no padding.
  *  - Bucket groups: consecutive runs of `buckets_per_group` buckets whose
  *    reductions are launched together.
+ *  - Row chunks (added for ZeRO-2, issue 8): a spec with row_len > 0 that
+ *    holds more than bucket_size elements is cut into consecutive chunks of
+ *    whole rows (layout_chunk_rows), each a layout parameter of its own that
+ *    starts its own bucket. Every chunk but the last has a length divisible
+ *    by lcm(world, 128, align), so its bucket has no padding and the next
+ *    chunk starts right where it ends: the chunks of a spec are ONE
+ *    contiguous range of the flat buffer, in row order (whoever reads the
+ *    tensor whole, e.g. the forward, sees no gap). The bucket closes after
+ *    the last chunk too. So L->nparams may exceed the number of specs;
+ *    params[i].spec and params[i].spec_off say where a parameter comes from.
  */
 #ifndef DDP_LAYOUT_H
 #define DDP_LAYOUT_H
@@ -28,6 +38,13 @@ typedef struct {
     const char* name;   /* for messages; not copied: must outlive the layout */
     size_t numel;       /* > 0 */
     int decay;          /* weight decay applies to it */
+    /* ---- added for ZeRO-2 (issue 8); 0 = as before (zero-initialise specs) ---- */
+    size_t row_len;     /* > 0: a matrix of numel / row_len rows (row_len must divide numel)
+                         * that may be cut into row chunks (see above); 0: never cut */
+    size_t row_align;   /* row chunks: their row counts are also multiples of this (0 or 1:
+                         * no extra requirement), e.g. to keep a column slice of a GEMM
+                         * operand aligned */
+    int new_bucket;     /* 1: this parameter starts a new bucket (the one before closes) */
 } LayoutParamSpec;
 
 typedef struct {
@@ -35,6 +52,11 @@ typedef struct {
     size_t numel;
     int bucket;         /* the bucket that holds it */
     int decay;
+    /* ---- added for ZeRO-2 (issue 8) ---- */
+    int spec;           /* the spec it comes from (its index in layout_build's specs) */
+    size_t spec_off;    /* element offset inside that spec's parameter: 0, or where this row
+                         * chunk starts (a multiple of row_len) */
+    const char* name;   /* the spec's name (not copied; may be NULL) */
 } LayoutParam;
 
 typedef struct {
@@ -73,11 +95,14 @@ typedef struct {
     LayoutPiece* pieces;
     int* rank_first_piece;    /* [world + 1] */
     size_t* rank_owned;       /* [world]: parameter elements rank r owns */
+    int nspecs;               /* (added, issue 8) specs it was built from; <= nparams */
 } Layout;
 
-/* Builds the layout. Returns 0, or -1 with a one-line reason in err (which
- * has errlen bytes) for invalid arguments (world < 1, align < 1, bucket_size
- * < 1, nparams < 1, a zero numel, bucket_per_group < 1). */
+/* Builds the layout from nparams specs (L->nparams counts the parameters
+ * after row chunks are cut). Returns 0, or -1 with a one-line reason in err
+ * (which has errlen bytes) for invalid arguments (world < 1, align < 1,
+ * bucket_size < 1, nparams < 1, a zero numel, bucket_per_group < 1, a
+ * row_len that does not divide numel). */
 int layout_build(Layout* L, const LayoutParamSpec* specs, int nparams, size_t bucket_size,
                  int buckets_per_group, int world, size_t align, char* err, size_t errlen);
 void layout_free(Layout* L);
@@ -103,5 +128,20 @@ size_t* layout_shard_offsets(const Layout* L);   /* [nbuckets + 1]; caller frees
 /* Rank r's pieces, exactly as layout_opt_pieces(L, r) (same order, length,
  * state_off, decay), but with buf_off an element offset in r's shard. */
 OptPiece* layout_shard_pieces(const Layout* L, int rank, int* n);
+
+/* ---- Added for ZeRO-2's embedding chunks (issue 8) ----
+ * The rows per chunk when a spec of `rows` rows of row_len elements (row
+ * alignment row_align, as in the spec) is laid out with (bucket_size, world,
+ * align); `rows` itself when it is not cut (rows * row_len <= bucket_size).
+ * The unit U is the smallest row count whose length divides by
+ * M = lcm(world, 128, align), made a multiple of row_align as well; a chunk
+ * is the largest multiple of U whose length is at most bucket_size (at least
+ * U), but never so small that the spec needs more than LAYOUT_MAX_ROW_CHUNKS
+ * chunks (each chunk costs a collective and, in the model, a kernel call or
+ * two: a tiny --bucket_size must not turn a 50k-row embedding into thousands
+ * of buckets). Returns 0 if the arithmetic overflows size_t. */
+#define LAYOUT_MAX_ROW_CHUNKS 32
+size_t layout_chunk_rows(size_t rows, size_t row_len, size_t row_align, size_t bucket_size, int world,
+                         size_t align);
 
 #endif

@@ -1,7 +1,13 @@
 /* test/test_layout.c — tests ddp/layout.c: hand-computed layouts compared
  * field by field, then the layout invariants checked against independent
- * recomputation for many random parameter lists, bucket sizes, aligns and
- * every world size from 1 to 64, then argument rejection. */
+ * recomputation for many random parameter lists (some of them matrices the
+ * layout may cut into row chunks, some starting a new bucket), bucket sizes,
+ * aligns and every world size from 1 to 64, then argument rejection. Row
+ * chunks (ZeRO-2's embedding, issue 8): a hand-computed layout, and GPT-2's
+ * shapes (wpe then wte of 50304 rows, C = 32 and 768, world 1..8, five bucket
+ * sizes): the chunk row count against a brute-force search for the smallest
+ * row unit, every chunk but the last a whole unpadded bucket divisible by
+ * lcm(world, 128) and 64, and no gap: chunk k at wte's offset + k * rows * C. */
 #define _GNU_SOURCE
 #include <stdint.h>
 #include <stdio.h>
@@ -49,7 +55,9 @@ static void test_hand(void) {
      * slices b0: r0 [0,256) r1 [256,512) r2 [512,768); b1: r0 [768,896) ...
      * pieces: r0: p0 [0,100) s0; p1 [128,256) po0 s100; p2 [768,773) s228.
      *         r1: p1 [256,428) po128 s0.  r2: none. */
-    LayoutParamSpec a[3] = {{"a0", 100, 1}, {"a1", 300, 0}, {"a2", 5, 1}};
+    LayoutParamSpec a[3] = {{.name = "a0", .numel = 100, .decay = 1},
+                            {.name = "a1", .numel = 300, .decay = 0},
+                            {.name = "a2", .numel = 5, .decay = 1}};
     int rc = layout_build(&L, a, 3, 200, 1, 3, 64, err, sizeof err);
     CHECK(rc == 0, "A: build failed: %s", err);
     if (rc == 0) {
@@ -127,7 +135,8 @@ static void test_hand(void) {
 
     /* B: numel {1, 130}, align 1, bucket_size 1, world 1: a bucket per param.
      * m = 128. b0 [0,128) p0 at 0; b1 at 128, p1 [128,258), len 256. total 384. */
-    LayoutParamSpec b[2] = {{"b0", 1, 0}, {"b1", 130, 1}};
+    LayoutParamSpec b[2] = {{.name = "b0", .numel = 1, .decay = 0},
+                            {.name = "b1", .numel = 130, .decay = 1}};
     rc = layout_build(&L, b, 2, 1, 1, 1, 1, err, sizeof err);
     CHECK(rc == 0, "B: build failed: %s", err);
     if (rc == 0) {
@@ -144,7 +153,8 @@ static void test_hand(void) {
      * m = lcm(5, 128, 8) = 640. p0 [0,3), p1 at 8 -> [8,1008); len 1280, slice 256.
      * r0: p0 [0,3) s0, p1 [8,256) po0 s3. r1: p1 [256,512) po248. r2: [512,768) po504.
      * r3: [768,1008) po760 len 240. r4: none. */
-    LayoutParamSpec c[2] = {{"c0", 3, 0}, {"c1", 1000, 1}};
+    LayoutParamSpec c[2] = {{.name = "c0", .numel = 3, .decay = 0},
+                            {.name = "c1", .numel = 1000, .decay = 1}};
     rc = layout_build(&L, c, 2, 10000, 1, 5, 8, err, sizeof err);
     CHECK(rc == 0, "C: build failed: %s", err);
     if (rc == 0) {
@@ -165,7 +175,9 @@ static void test_hand(void) {
     /* D: align 3 (does not divide 128), world 2, numel {5, 7, 2}, bucket_size 6.
      * m = lcm(2, 128, 3) = 384. b0 at 0: p0 [0,5) fill 5 < 6; p1 at 6 -> [6,13), closes;
      * len 384. b1 at 384 (multiple of 3): p2 [384,386); len 384. total 768. */
-    LayoutParamSpec d[3] = {{"d0", 5, 0}, {"d1", 7, 0}, {"d2", 2, 0}};
+    LayoutParamSpec d[3] = {{.name = "d0", .numel = 5, .decay = 0},
+                            {.name = "d1", .numel = 7, .decay = 0},
+                            {.name = "d2", .numel = 2, .decay = 0}};
     rc = layout_build(&L, d, 3, 6, 1, 2, 3, err, sizeof err);
     CHECK(rc == 0, "D: build failed: %s", err);
     if (rc == 0) {
@@ -180,11 +192,59 @@ static void test_hand(void) {
 typedef struct {
     long layouts, pieces, elements;
     double max_pad_pct;
+    long chunked, chunks;   /* specs with a row length; layout parameters added by cutting */
 } Stats;
+
+/* ---- the expected expansion of specs into layout parameters, recomputed
+ * independently (brute force) from the rules in layout.h ---- */
+typedef struct {
+    size_t numel, spec_off;
+    int spec, decay;
+    int brk;   /* a bucket must start at this parameter */
+} ExpParam;
+
+/* Rows per chunk, by brute force: the smallest unit u (u * row_len divisible
+ * by lcm(world, 128, align), u a multiple of row_align), the most units whose
+ * length stays within bsz (at least one), then more units until at most
+ * LAYOUT_MAX_ROW_CHUNKS chunks are needed; rows when it fits one bucket. */
+static size_t ref_chunk_rows(size_t rows, size_t rl, size_t ra, size_t bsz, int world, size_t align) {
+    if (rows * rl <= bsz) return rows;
+    size_t M = ref_lcm(ref_lcm((size_t)world, 128), align);
+    size_t u = 1;
+    while ((u * rl) % M != 0 || (ra > 1 && u % ra != 0)) u++;
+    size_t cr = u;
+    while (cr + u < rows && (cr + u) * rl <= bsz) cr += u;
+    while (cr * LAYOUT_MAX_ROW_CHUNKS < rows) cr += u;
+    return cr < rows ? cr : rows;
+}
+
+/* Fills e (capacity cap) from the specs; returns the count. */
+static int expand_specs(const LayoutParamSpec* s, int n, size_t bsz, int world, size_t align, ExpParam* e,
+                        int cap) {
+    int k = 0, after_cut = 0;
+    for (int p = 0; p < n; p++) {
+        size_t rl = s[p].row_len;
+        size_t rows = rl ? s[p].numel / rl : 1;
+        size_t cr = rl ? ref_chunk_rows(rows, rl, s[p].row_align, bsz, world, align) : rows;
+        if (cr >= rows) {   /* whole: a bucket break if asked, or after a cut spec */
+            if (k < cap) e[k] = (ExpParam){s[p].numel, 0, p, s[p].decay, s[p].new_bucket || after_cut};
+            k++;
+            after_cut = 0;
+            continue;
+        }
+        for (size_t r0 = 0; r0 < rows; r0 += cr) {   /* every chunk starts a bucket */
+            size_t nr = rows - r0 < cr ? rows - r0 : cr;
+            if (k < cap) e[k] = (ExpParam){nr * rl, r0 * rl, p, s[p].decay, 1};
+            k++;
+        }
+        after_cut = 1;
+    }
+    return k;
+}
 
 /* Checks every invariant of L against the specs it was built from. When
  * mark_ok, also marks each element (buffer and per parameter) one by one. */
-static void check_layout(const Layout* L, const LayoutParamSpec* s, int n, size_t bsz, int bpg,
+static void check_layout(const Layout* L, const LayoutParamSpec* s, int ns, size_t bsz, int bpg,
                          int world, size_t align, int mark_ok, Stats* st, const char* tag) {
     int fails0 = test_failed;
 #define REQ(cond, ...)                                                                          \
@@ -193,14 +253,17 @@ static void check_layout(const Layout* L, const LayoutParamSpec* s, int n, size_
             test_passed++;                                                                      \
         } else {                                                                                \
             CHECK(0, __VA_ARGS__);                                                              \
-            if (test_failed - fails0 > 5) return;                                               \
+            if (test_failed - fails0 > 5) goto out;                                             \
         }                                                                                       \
     } while (0)
+    int cap = ns * (LAYOUT_MAX_ROW_CHUNKS + 1);
+    ExpParam* E = malloc(sizeof *E * (size_t)cap);
+    int n = expand_specs(s, ns, bsz, world, align, E, cap);
     size_t m = ref_lcm((size_t)world, 128);
-    REQ(L->world == world && L->nparams == n && L->align == align && L->bucket_size == bsz,
-        "%s: header fields", tag);
+    REQ(L->world == world && L->nparams == n && L->nspecs == ns && L->align == align && L->bucket_size == bsz,
+        "%s: header fields (nparams %d, expected %d)", tag, L->nparams, n);
     size_t tp = 0;
-    for (int p = 0; p < n; p++) tp += s[p].numel;
+    for (int p = 0; p < ns; p++) tp += s[p].numel;
     REQ(L->total_params == tp, "%s: total_params %zu != %zu", tag, L->total_params, tp);
 
     /* buckets: contiguous from 0, lengths multiple of lcm(world,128) and of align,
@@ -228,7 +291,11 @@ static void check_layout(const Layout* L, const LayoutParamSpec* s, int n, size_
         size_t mm = ref_lcm(m, align);
         REQ(B->len == (fill + mm - 1) / mm * mm, "%s: bucket %d len %zu, fill %zu", tag, b, B->len,
             fill);
-        if (b < L->nbuckets - 1) REQ(fill >= bsz, "%s: bucket %d holds %zu < %zu", tag, b, fill, bsz);
+        /* it closed when full, or because the next parameter starts a bucket */
+        if (b < L->nbuckets - 1)
+            REQ(fill >= bsz || E[lp + 1].brk, "%s: bucket %d holds %zu < %zu", tag, b, fill, bsz);
+        for (int q = B->first_param + 1; q <= lp; q++)
+            REQ(!E[q].brk, "%s: param %d should start a bucket", tag, q);
         if (B->nparams >= 2) {
             const LayoutParam* PP = &L->params[lp - 1];
             REQ(PP->offset + PP->numel - B->start < bsz,
@@ -243,7 +310,11 @@ static void check_layout(const Layout* L, const LayoutParamSpec* s, int n, size_
     /* params: in order, aligned, tightly packed, non-overlapping, inside their bucket */
     for (int p = 0; p < n; p++) {
         const LayoutParam* P = &L->params[p];
-        REQ(P->numel == s[p].numel && P->decay == s[p].decay, "%s: param %d fields", tag, p);
+        REQ(P->numel == E[p].numel && P->decay == E[p].decay && P->spec == E[p].spec &&
+                P->spec_off == E[p].spec_off,
+            "%s: param %d fields (numel %zu spec %d spec_off %zu, expected %zu %d %zu)", tag, p, P->numel,
+            P->spec, P->spec_off, E[p].numel, E[p].spec, E[p].spec_off);
+        REQ(P->name == s[E[p].spec].name, "%s: param %d name", tag, p);
         REQ(P->offset % align == 0, "%s: param %d offset %zu not aligned", tag, p, P->offset);
         REQ(P->bucket >= 0 && P->bucket < L->nbuckets, "%s: param %d bucket", tag, p);
         const LayoutBucket* B = &L->buckets[P->bucket];
@@ -259,6 +330,17 @@ static void check_layout(const Layout* L, const LayoutParamSpec* s, int n, size_
         if (p > 0)
             REQ(P->offset >= L->params[p - 1].offset + L->params[p - 1].numel,
                 "%s: params %d and %d overlap", tag, p - 1, p);
+        /* row chunks: no gap, the chunks of a spec are one contiguous range,
+         * and every chunk but the last fills its bucket exactly */
+        if (P->spec_off > 0) {
+            const LayoutParam* Q = &L->params[p - 1];
+            REQ(Q->spec == P->spec && Q->offset + Q->numel == P->offset,
+                "%s: chunk %d at %zu, the previous chunk ends at %zu (a gap)", tag, p, P->offset,
+                Q->offset + Q->numel);
+            REQ(Q->numel % m == 0 && Q->numel % align == 0 && L->buckets[Q->bucket].len == Q->numel &&
+                    L->buckets[Q->bucket].nparams == 1,
+                "%s: chunk %d (%zu elements) is not a whole, unpadded bucket", tag, p - 1, Q->numel);
+        }
     }
 
     /* groups */
@@ -337,12 +419,12 @@ static void check_layout(const Layout* L, const LayoutParamSpec* s, int n, size_
     REQ(no == n, "%s: opt pieces(-1) count %d", tag, no);
     size_t state = 0;
     for (int p = 0; p < n; p++) {
-        if (o[p].buf_off != L->params[p].offset || o[p].len != s[p].numel ||
-            o[p].state_off != state || o[p].decay != s[p].decay) {
+        if (o[p].buf_off != L->params[p].offset || o[p].len != E[p].numel ||
+            o[p].state_off != state || o[p].decay != E[p].decay) {
             CHECK(0, "%s: opt pieces(-1) param %d", tag, p);
             break;
         }
-        state += s[p].numel;
+        state += E[p].numel;
     }
     free(o);
 
@@ -353,8 +435,8 @@ static void check_layout(const Layout* L, const LayoutParamSpec* s, int n, size_
         size_t* base = malloc(((size_t)n + 1) * sizeof *base);
         base[0] = 0;
         for (int p = 0; p < n; p++) {
-            base[p + 1] = base[p] + s[p].numel;
-            for (size_t x = L->params[p].offset; x < L->params[p].offset + s[p].numel; x++) {
+            base[p + 1] = base[p] + E[p].numel;
+            for (size_t x = L->params[p].offset; x < L->params[p].offset + E[p].numel; x++) {
                 if (bufp[x] != -1) {
                     CHECK(0, "%s: element %zu in params %d and %d", tag, x, bufp[x], p);
                     break;
@@ -374,40 +456,55 @@ static void check_layout(const Layout* L, const LayoutParamSpec* s, int n, size_
                 if (seen[base[Q->param] + Q->param_off + i] < 255) seen[base[Q->param] + Q->param_off + i]++;
             }
         }
-        REQ(bad_pad == 0, "%s: %d piece elements are padding or another param", tag, bad_pad);
-        REQ(bad_owner == 0, "%s: %d piece elements outside the owner's slice", tag, bad_owner);
         size_t not_once = 0;
         for (size_t i = 0; i < tp; i++) not_once += seen[i] != 1;
-        REQ(not_once == 0, "%s: %zu parameter elements not owned exactly once", tag, not_once);
         st->elements += (long)tp;
         free(seen);
         free(base);
         free(bufp);
+        REQ(bad_pad == 0, "%s: %d piece elements are padding or another param", tag, bad_pad);
+        REQ(bad_owner == 0, "%s: %d piece elements outside the owner's slice", tag, bad_owner);
+        REQ(not_once == 0, "%s: %zu parameter elements not owned exactly once", tag, not_once);
     }
     st->layouts++;
     st->pieces += L->npieces;
+    for (int p = 0; p < ns; p++) st->chunked += s[p].row_len > 0;
+    st->chunks += n - ns;
     double pct = 100.0 * (double)(L->total - tp) / (double)L->total;
     if (pct > st->max_pad_pct) st->max_pad_pct = pct;
+out:
+    free(E);
 #undef REQ
 }
 
 static void test_random(void) {
     Rng rng;
     rng_seed(&rng, 12345);
-    Stats st = {0, 0, 0, 0.0};
+    Stats st = {0, 0, 0, 0.0, 0, 0};
     const size_t aligns[3] = {1, 8, 64};
     char err[256], tag[128];
     int nlists = 40;
     for (int li = 0; li < nlists; li++) {
         int n = 1 + (int)(rng_u64(&rng) % 40);
         LayoutParamSpec s[40];
+        memset(s, 0, sizeof s);
         size_t tp = 0;
         for (int p = 0; p < n; p++) {
             size_t numel = 1 + rng_u64(&rng) % 5000;
             if (li % 8 == 7 && rng_u64(&rng) % 10 == 0) numel = 100000 + rng_u64(&rng) % 2000000;
             s[p].name = "rand";
-            s[p].numel = numel;
             s[p].decay = (int)(rng_u64(&rng) & 1);
+            if (li % 2 == 1 && rng_u64(&rng) % 4 == 0) {
+                /* a matrix the layout may cut into row chunks */
+                static const size_t ras[4] = {0, 1, 8, 64};
+                size_t rl = 1 + rng_u64(&rng) % 100, rows = 1 + rng_u64(&rng) % 400;
+                if (li % 8 == 7) rows += rng_u64(&rng) % 3000;
+                numel = rl * rows;
+                s[p].row_len = rl;
+                s[p].row_align = ras[rng_u64(&rng) % 4];
+            }
+            if (li % 3 == 2 && rng_u64(&rng) % 6 == 0) s[p].new_bucket = 1;
+            s[p].numel = numel;
             tp += numel;
         }
         size_t align = aligns[li % 3];
@@ -434,7 +531,8 @@ static void test_random(void) {
     for (int li = 0; li < 6; li++) {
         int n = 1 + (int)(rng_u64(&rng) % 20);
         LayoutParamSpec s[20];
-        for (int p = 0; p < n; p++) s[p] = (LayoutParamSpec){"odd", 1 + rng_u64(&rng) % 3000, 1};
+        for (int p = 0; p < n; p++)
+            s[p] = (LayoutParamSpec){.name = "odd", .numel = 1 + rng_u64(&rng) % 3000, .decay = 1};
         size_t align = li % 2 ? 3 : 200;
         for (int world = 1; world <= 64; world += 7) {
             Layout L;
@@ -448,10 +546,10 @@ static void test_random(void) {
         }
     }
     /* GPT-2-scale and beyond, interval checks only (no element marks): size_t arithmetic */
-    LayoutParamSpec big[4] = {{"wte", 50304ull * 12288, 1},
-                              {"huge", 3000000000ull * 7, 1},
-                              {"bias", 7, 0},
-                              {"w", 12288ull * 49152, 1}};
+    LayoutParamSpec big[4] = {{.name = "wte", .numel = 50304ull * 12288, .decay = 1},
+                              {.name = "huge", .numel = 3000000000ull * 7, .decay = 1},
+                              {.name = "bias", .numel = 7, .decay = 0},
+                              {.name = "w", .numel = 12288ull * 49152, .decay = 1}};
     int worlds[5] = {1, 3, 7, 64, 1000};
     for (int wi = 0; wi < 5; wi++) {
         Layout L;
@@ -466,8 +564,163 @@ static void test_random(void) {
         }
         layout_free(&L);
     }
-    printf("random: %ld layouts, %ld pieces, %ld parameter elements marked, max padding %.1f%%\n",
-           st.layouts, st.pieces, st.elements, st.max_pad_pct);
+    printf("random: %ld layouts, %ld pieces, %ld parameter elements marked, max padding %.1f%%, "
+           "%ld row-chunkable specs laid out, %ld chunks added by cutting\n",
+           st.layouts, st.pieces, st.elements, st.max_pad_pct, st.chunked, st.chunks);
+}
+
+/* ---- row chunks: a hand-computed layout ---- */
+static void test_chunks_hand(void) {
+    char err[256];
+    Layout L;
+    /* Specs a (100), wpe (500), wte (100 rows x 32, row_len 32), tail (10);
+     * align 64, bucket_size 1000, world 3: M = lcm(3, 128, 64) = 384.
+     * wte: unit u = 384 / gcd(384, 32) = 12 rows (384 elements); the most
+     * units within 1000 elements: 2 (24 rows, 768 elements; 36 rows would be
+     * 1152); at most 32 chunks needs 4 rows: so 24 rows, chunks of rows
+     * [0,24) [24,48) [48,72) [72,96) [96,100).
+     * bucket 0 at 0: a [0,100), wpe at 128 -> [128,628), fill 628 < 1000 but
+     *   wte's first chunk starts a bucket: len roundup(628, 384) = 768.
+     * buckets 1..4: the 768-element chunks at 768, 1536, 2304, 3072, each
+     *   exactly its bucket (768 = 2 x 384: no padding), so chunk k sits at
+     *   768 + k * 768 = wte's offset + 32 * (its first row): no gap.
+     * bucket 5 at 3840: the last chunk, 128 elements, len 384.
+     * bucket 6 at 4224: tail (a bucket closes after the last chunk), len 384.
+     * total 4608. */
+    LayoutParamSpec sp[4] = {{.name = "a", .numel = 100, .decay = 0},
+                             {.name = "wpe", .numel = 500, .decay = 1},
+                             {.name = "wte", .numel = 3200, .decay = 1, .row_len = 32},
+                             {.name = "tail", .numel = 10, .decay = 0}};
+    CHECK(layout_chunk_rows(100, 32, 0, 1000, 3, 64) == 24, "chunk rows (100 x 32, bsz 1000, world 3): %zu, expected 24",
+          layout_chunk_rows(100, 32, 0, 1000, 3, 64));
+    int rc = layout_build(&L, sp, 4, 1000, 1, 3, 64, err, sizeof err);
+    CHECK(rc == 0, "chunks: build failed: %s", err);
+    if (rc == 0) {
+        const size_t off[8] = {0, 128, 768, 1536, 2304, 3072, 3840, 4224};
+        const size_t numel[8] = {100, 500, 768, 768, 768, 768, 128, 10};
+        const int spec[8] = {0, 1, 2, 2, 2, 2, 2, 3};
+        const size_t soff[8] = {0, 0, 0, 768, 1536, 2304, 3072, 0};
+        const int bucket[8] = {0, 0, 1, 2, 3, 4, 5, 6};
+        const size_t bstart[7] = {0, 768, 1536, 2304, 3072, 3840, 4224};
+        const size_t blen[7] = {768, 768, 768, 768, 768, 384, 384};
+        CHECK(L.nparams == 8 && L.nspecs == 4 && L.nbuckets == 7 && L.total == 4608 && L.total_params == 3810,
+              "chunks: %d params, %d specs, %d buckets, total %zu, params %zu", L.nparams, L.nspecs, L.nbuckets,
+              L.total, L.total_params);
+        for (int p = 0; p < 8 && p < L.nparams; p++)
+            CHECK(L.params[p].offset == off[p] && L.params[p].numel == numel[p] && L.params[p].spec == spec[p] &&
+                      L.params[p].spec_off == soff[p] && L.params[p].bucket == bucket[p] &&
+                      L.params[p].decay == sp[spec[p]].decay && L.params[p].name == sp[spec[p]].name,
+                  "chunks: param %d = (off %zu numel %zu spec %d spec_off %zu bucket %d), expected (%zu %zu %d %zu %d)",
+                  p, L.params[p].offset, L.params[p].numel, L.params[p].spec, L.params[p].spec_off,
+                  L.params[p].bucket, off[p], numel[p], spec[p], soff[p], bucket[p]);
+        for (int b = 0; b < 7 && b < L.nbuckets; b++)
+            CHECK(L.buckets[b].start == bstart[b] && L.buckets[b].len == blen[b] &&
+                      L.buckets[b].slice_len == blen[b] / 3,
+                  "chunks: bucket %d = (%zu, %zu), expected (%zu, %zu)", b, L.buckets[b].start, L.buckets[b].len,
+                  bstart[b], blen[b]);
+        /* no gap, by hand: wte's chunks one after the other from wte's offset */
+        for (int k = 0; k < 5 && 2 + k < L.nparams; k++)
+            CHECK(L.params[2 + k].offset == 768 + (size_t)k * 24 * 32, "chunks: chunk %d at %zu, expected %zu", k,
+                  L.params[2 + k].offset, 768 + (size_t)k * 24 * 32);
+        /* the first chunk's pieces: one per rank, 256 each */
+        int seen = 0;
+        for (int k = 0; k < L.npieces; k++)
+            if (L.pieces[k].param == 2) {
+                CHECK(L.pieces[k].len == 256 && L.pieces[k].buf_off == 768 + 256 * (size_t)L.pieces[k].owner &&
+                          L.pieces[k].param_off == 256 * (size_t)L.pieces[k].owner,
+                      "chunks: piece of chunk 0 for rank %d", L.pieces[k].owner);
+                seen++;
+            }
+        CHECK(seen == 3, "chunks: chunk 0 has %d pieces, expected 3", seen);
+        printf("layout with row chunks (a 100, wpe 500, wte 100 x 32, tail 10; bucket 1000, world 3):\n");
+        layout_print(&L, stdout);
+        layout_free(&L);
+    }
+    /* world 1: u = 128 / gcd(128, 32) = 4 rows; within 1000: 28 rows (896) */
+    CHECK(layout_chunk_rows(100, 32, 0, 1000, 1, 64) == 28, "chunk rows world 1: %zu, expected 28",
+          layout_chunk_rows(100, 32, 0, 1000, 1, 64));
+    /* row_align 64 makes the unit lcm(12, 64) = 192 rows > 100: not cut */
+    CHECK(layout_chunk_rows(100, 32, 64, 1000, 3, 64) == 100, "chunk rows with row_align 64: %zu, expected 100",
+          layout_chunk_rows(100, 32, 64, 1000, 3, 64));
+    /* the cap: 1000 rows of 32 at bucket_size 1 would be 250 chunks of 4 rows;
+     * at most 32 chunks: ceil(1000 / 32) = 32 rows (a multiple of 4) */
+    CHECK(layout_chunk_rows(1000, 32, 0, 1, 1, 64) == 32, "chunk rows at the cap: %zu, expected 32",
+          layout_chunk_rows(1000, 32, 0, 1, 1, 64));
+    /* fits a bucket: not cut */
+    CHECK(layout_chunk_rows(100, 32, 0, 3200, 3, 64) == 100, "chunk rows when it fits: %zu",
+          layout_chunk_rows(100, 32, 0, 3200, 3, 64));
+    /* new_bucket on a plain spec: b closes the bucket of a although 5 + 5 < 1000 */
+    LayoutParamSpec nb[3] = {{.name = "a", .numel = 5}, {.name = "b", .numel = 5, .new_bucket = 1},
+                             {.name = "c", .numel = 5}};
+    rc = layout_build(&L, nb, 3, 1000, 1, 2, 64, err, sizeof err);
+    CHECK(rc == 0 && L.nbuckets == 2 && L.params[1].offset == 128 && L.params[1].bucket == 1 &&
+              L.params[2].offset == 192 && L.params[2].bucket == 1,
+          "new_bucket: %d buckets, b at %zu", L.nbuckets, L.params[1].offset);
+    if (rc == 0) layout_free(&L);
+    /* a row length that does not divide numel is refused */
+    LayoutParamSpec badrl[1] = {{.name = "odd_rows", .numel = 100, .row_len = 7}};
+    rc = layout_build(&L, badrl, 1, 10, 1, 1, 64, err, sizeof err);
+    CHECK(rc == -1 && strstr(err, "odd_rows") && strstr(err, "row length"), "row_len 7 of 100 accepted: '%s'", err);
+    printf("rejected (row length): %s\n", err);
+}
+
+/* ---- row chunks at GPT-2's shapes: C = 32 and 768, world 1..8 ---- */
+static void test_chunks_gpt2(void) {
+    char err[256], tag[160];
+    Stats st = {0, 0, 0, 0.0, 0, 0};
+    const size_t Vp = 50304, maxT = 1024;
+    const size_t chans[2] = {32, 768};
+    const size_t bszs[5] = {1000, 100000, 1000000, 4000000, 100000000};
+    for (int ci = 0; ci < 2; ci++)
+        for (int bi = 0; bi < 5; bi++)
+            for (int world = 1; world <= 8; world++) {
+                size_t C = chans[ci], bsz = bszs[bi];
+                LayoutParamSpec sp[3] = {{.name = "lnf", .numel = 2 * C, .decay = 0},
+                                         {.name = "wpe", .numel = maxT * C, .decay = 1},
+                                         {.name = "wte", .numel = Vp * C, .decay = 1, .row_len = C, .row_align = 64}};
+                Layout L;
+                snprintf(tag, sizeof tag, "gpt2 C %zu bucket %zu world %d", C, bsz, world);
+                if (layout_build(&L, sp, 3, bsz, 1, world, 64, err, sizeof err) != 0) {
+                    CHECK(0, "%s: build failed: %s", tag, err);
+                    continue;
+                }
+                check_layout(&L, sp, 3, bsz, 1, world, 64, C == 32, &st, tag);
+                /* by hand: the unit, the chunks, no gap */
+                size_t M = ref_lcm((size_t)world, 128);
+                size_t u = 1;
+                while ((u * C) % M != 0 || (u * C) % 64 != 0 || u % 64 != 0) u++;
+                size_t cr = layout_chunk_rows(Vp, C, 64, bsz, world, 64);
+                int K = L.nparams - 2;
+                int first = 2;
+                CHECK(L.params[1].spec == 1 && L.params[1].offset + L.params[1].numel <= L.params[first].offset &&
+                          (Vp * C <= bsz || L.params[1].bucket < L.params[first].bucket),
+                      "%s: wpe is not before wte (in an earlier bucket when wte is cut)", tag);
+                if (Vp * C <= bsz) {
+                    CHECK(K == 1 && cr == Vp, "%s: wte fits a bucket but was cut (%d chunks)", tag, K);
+                } else {
+                    CHECK(cr % u == 0 && K == (int)((Vp + cr - 1) / cr) && K <= LAYOUT_MAX_ROW_CHUNKS && K >= 2,
+                          "%s: %d chunks of %zu rows (unit %zu)", tag, K, cr, u);
+                    CHECK(cr * C <= bsz || cr == u || (cr - u) * LAYOUT_MAX_ROW_CHUNKS < Vp,
+                          "%s: chunks of %zu rows are larger than needed", tag, cr);
+                    for (int k = 0; k < K; k++) {
+                        const LayoutParam* P = &L.params[first + k];
+                        CHECK(P->offset == L.params[first].offset + (size_t)k * cr * C && P->spec == 2 &&
+                                  P->spec_off == (size_t)k * cr * C,
+                              "%s: chunk %d at %zu, expected %zu (a gap?)", tag, k, P->offset,
+                              L.params[first].offset + (size_t)k * cr * C);
+                        if (k < K - 1)
+                            CHECK(P->numel == cr * C && P->numel % M == 0 && P->numel % 64 == 0 &&
+                                      L.buckets[P->bucket].len == P->numel && L.buckets[P->bucket].start == P->offset,
+                                  "%s: chunk %d (%zu elements) not a whole bucket divisible by %zu and 64", tag, k,
+                                  P->numel, M);
+                    }
+                }
+                if (C == 768 && (bsz == 4000000 || bsz == 1000000) && (world == 1 || world == 3 || world == 8))
+                    printf("gpt2 C 768, bucket %zu, world %d: wte in %d chunk(s) of %zu rows (%zu elements)\n", bsz,
+                           world, K, cr, cr * C);
+                layout_free(&L);
+            }
+    printf("gpt2 shapes: %ld layouts, %ld chunks added by cutting\n", st.layouts, st.chunks);
 }
 
 /* ---- rejection of bad arguments ---- */
@@ -488,8 +741,10 @@ static int expect_fatal_opt(const Layout* L, int rank) {
 static void test_bad(void) {
     char err[256];
     Layout L;
-    LayoutParamSpec ok[2] = {{"x", 10, 0}, {"y", 20, 1}};
-    LayoutParamSpec zero[2] = {{"x", 10, 0}, {"zero_param", 0, 1}};
+    LayoutParamSpec ok[2] = {{.name = "x", .numel = 10, .decay = 0},
+                             {.name = "y", .numel = 20, .decay = 1}};
+    LayoutParamSpec zero[2] = {{.name = "x", .numel = 10, .decay = 0},
+                               {.name = "zero_param", .numel = 0, .decay = 1}};
     struct {
         const char* what;
         const LayoutParamSpec* s;
@@ -526,11 +781,12 @@ static void test_bad(void) {
     /* NULL err buffer must not crash */
     CHECK(layout_build(&L, ok, 2, 100, 1, 0, 64, NULL, 0) == -1, "bad world with NULL err");
     /* size_t overflow: two params of SIZE_MAX/2 elements */
-    LayoutParamSpec huge[2] = {{"h0", SIZE_MAX / 2, 0}, {"h1", SIZE_MAX / 2, 0}};
+    LayoutParamSpec huge[2] = {{.name = "h0", .numel = SIZE_MAX / 2, .decay = 0},
+                               {.name = "h1", .numel = SIZE_MAX / 2, .decay = 0}};
     int rc = layout_build(&L, huge, 2, 1, 1, 3, 64, err, sizeof err);
     CHECK(rc == -1 && strstr(err, "too large"), "overflow not rejected: rc %d '%s'", rc, err);
     printf("rejected (overflow): %s\n", err);
-    LayoutParamSpec one[1] = {{"h", SIZE_MAX - 10, 0}};
+    LayoutParamSpec one[1] = {{.name = "h", .numel = SIZE_MAX - 10, .decay = 0}};
     rc = layout_build(&L, one, 1, 1, 1, 1, 1, err, sizeof err);
     CHECK(rc == -1, "overflow in end padding not rejected");
     rc = layout_build(&L, ok, 2, 1, 1, 3, SIZE_MAX / 3 + 7, err, sizeof err);
@@ -552,6 +808,8 @@ int main(void) {
     test_hand();
     test_bad();
     test_random();
+    test_chunks_hand();
+    test_chunks_gpt2();
     printf("time %.2f s\n", wall_time_s() - t0);
     return test_done("test_layout");
 }

@@ -35,9 +35,15 @@ static size_t rnd_in(size_t lo, size_t hi) { return lo + (size_t)(rnd() % (hi - 
 static int build_random(Layout* L, LayoutParamSpec* specs, int* np, int world) {
     *np = (int)rnd_in(1, 30);
     for (int i = 0; i < *np; i++) {
+        memset(&specs[i], 0, sizeof specs[i]);
         specs[i].name = "p";
         specs[i].numel = rnd() % 4 == 0 ? rnd_in(1, 20) : rnd_in(1, 3000);
         specs[i].decay = (int)(rnd() & 1);
+        if (rnd() % 8 == 0) {   /* a matrix the layout may cut into row chunks (ZeRO-2's wte) */
+            specs[i].row_len = rnd_in(1, 64);
+            specs[i].numel = specs[i].row_len * rnd_in(1, 400);
+            specs[i].row_align = rnd() % 2 ? 0 : 8;
+        }
     }
     size_t bucket = rnd() % 3 == 0 ? 1000000 : rnd_in(1, 6000);
     size_t align = rnd() % 2 ? 64 : rnd_in(1, 16);
@@ -121,7 +127,9 @@ static void test_random_layouts(void) {
  * at 256; 320 elements. Rank 1 owns [256, 512) of bucket 0 (p1 elements
  * 156..299, at buffer 256..399) and [448, 512) of bucket 1 (padding only). */
 static void test_hand(void) {
-    LayoutParamSpec specs[3] = {{"a", 100, 1}, {"b", 300, 0}, {"c", 50, 1}};
+    LayoutParamSpec specs[3] = {{.name = "a", .numel = 100, .decay = 1},
+                                {.name = "b", .numel = 300, .decay = 0},
+                                {.name = "c", .numel = 50, .decay = 1}};
     Layout L;
     char err[256];
     if (layout_build(&L, specs, 3, 250, 1, 2, 1, err, sizeof err) != 0) {
