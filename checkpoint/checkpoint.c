@@ -666,7 +666,8 @@ CkptSpan* ckpt_spans(const Layout* L, const GPT2* m, const OptPiece* held, int n
             fatal("checkpoint: internal error: buffer range [%zu, +%zu) is not inside one parameter "
                   "and one optimizer piece", w->buf_off, w->len);
         const GPT2Tensor* t = &m->tensors[m->layout_to_tensor[lo]];
-        out[i].canon_off = t->file_off + (w->buf_off - p->offset);
+        /* (a row chunk of wte starts spec_off elements into the tensor) */
+        out[i].canon_off = t->file_off + p->spec_off + (w->buf_off - p->offset);
         out[i].state_off = held[a].state_off + (w->buf_off - held[a].buf_off);
         out[i].len = w->len;
     }

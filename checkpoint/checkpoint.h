@@ -165,7 +165,8 @@ int ckpt_log_trim(const char* path, int step, char* err, size_t errlen);
 
 /* For each buffer range of `want` (each inside one parameter and one piece
  * of `held`), the matching range of the optimizer state described by
- * `held` and its canonical offset (via m->layout_to_tensor and file_off). */
+ * `held` and its canonical offset (via m->layout_to_tensor, the layout
+ * parameter's spec_off inside its tensor (a row chunk of wte) and file_off). */
 CkptSpan* ckpt_spans(const Layout* L, const GPT2* m, const OptPiece* held, int nheld,
                      const OptPiece* want, int nwant, int* n);
 

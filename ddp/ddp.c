@@ -259,9 +259,10 @@ void ddp_gather_params(DDP* d) {
     if (d->zero_stage == 0) fatal("internal: ddp_gather_params at zero_stage 0");
     ddp_wait_gathers(d);   /* (none outstanding in a normal step: the forward waited for all) */
     /* Forward order: the buckets are laid out in backward-finish order, so
-     * forward meets them in descending bucket index (the embeddings' bucket,
-     * the last, first; the final layernorm's, bucket 0, last). The tied wte is
-     * read again by the classifier at the end: its bucket is complete by then. */
+     * forward meets them in descending bucket index (the embeddings' buckets,
+     * the last ones, first: wte's row chunks, last chunk first, then wpe's;
+     * the final layernorm's, bucket 0, last). The tied wte is read again by
+     * the classifier at the end: its buckets are complete by then. */
     for (int k = 0; k < L->nbuckets; k++) {
         int b = d->gather_reverse ? k : L->nbuckets - 1 - k;
         d->gather_order[k] = b;
@@ -295,10 +296,26 @@ void ddp_need_params(void* ctx, const int* li, int n) {
     DDP* d = ctx;
     const Layout* L = d->L;
     if (d->ngather_pending == 0) return;
+    /* the buckets these tensors live in (a row-chunked tensor, wte, spans
+     * several), waited for in launch order: a kernel that needs several
+     * buckets takes them as the network delivers them */
+    int fixed[16];
+    int* bk = n <= 16 ? fixed : xmalloc(sizeof(int) * (size_t)n);
+    int nb = 0;
     for (int i = 0; i < n; i++) {
         if (li[i] < 0 || li[i] >= L->nparams) fatal("internal: ddp_need_params(%d) out of range", li[i]);
-        gather_wait_bucket(d, L->params[li[i]].bucket);   /* the bucket the tensor lives in */
+        int b = L->params[li[i]].bucket;   /* the bucket the tensor lives in */
+        if (!d->gather_pending[b]) continue;
+        int j = nb++;
+        while (j > 0 && d->gather_launch_pos[bk[j - 1]] > d->gather_launch_pos[b]) {
+            bk[j] = bk[j - 1];
+            j--;
+        }
+        bk[j] = b;
     }
+    for (int k = 0; k < nb; k++)
+        if (k == 0 || bk[k] != bk[k - 1]) gather_wait_bucket(d, bk[k]);
+    if (bk != fixed) free(bk);
     /* the all-gathers still in flight progress while this kernel computes */
     for (int b = 0; b < L->nbuckets && d->ngather_pending; b++)
         if (d->gather_pending[b]) comm_progress(d->comm, &d->gather_handles[b]);

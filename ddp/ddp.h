@@ -4,8 +4,9 @@
  *
  * Backward calls ddp_param_ready() for each tensor as its gradient becomes
  * final. Readiness is counted per parameter per micro-step (a parameter
- * marked twice in one micro-step is an internal error: the tied embedding is
- * marked once, after the encoder's backward). As soon as every parameter of
+ * marked twice in one micro-step is an internal error: the tied embedding,
+ * or each of its row chunks, is marked once, after the encoder's backward of
+ * its rows). As soon as every parameter of
  * every bucket of a bucket group is ready, the group's reductions are
  * launched at once on the communicator:
  *   zero_stage 0: all-reduce (sum) of each bucket;
@@ -44,15 +45,20 @@
  * largest, or the bucket itself if larger). A bucket whose reduce-scatter of
  * the previous micro-step is still in flight completes it first, so its
  * reduced slices are added into the shard in micro-step order. The working
- * set is the largest bucket (the tied embedding's, written by the classifier
- * first and completed by the encoder last, so it lives through the whole
- * backward) plus the buckets one layer spans plus the in-flight ones.
+ * set is the buckets one layer spans plus the in-flight ones, each at most
+ * the largest bucket. (The tied embedding used to hold a full-size buffer
+ * through the whole backward: the classifier wrote its gradient first, the
+ * encoder completed it last. Now the layout cuts it into row chunks of about
+ * a bucket each and the model computes the lm head's dW at the end, chunk by
+ * chunk next to the encoder's rows, so each chunk's buffer lives only for
+ * its own GEMM + encoder + reduce-scatter: issue 8, docs/ZERO.md.)
  * At world size 1 the shard is the whole buffer and backward accumulates
  * straight into it (no working buffers, no reductions): bit for bit stage 1.
  *
  * Overlapped all-gather (ddp_set_gather(d, 1, ...), zero_stage 1 or 2): the
  * all-gathers launched after the update are not waited for; the model's
- * need_params hook (ddp_need_params) waits, before a kernel reads a tensor,
+ * need_params hook (ddp_need_params) waits, before a kernel reads a tensor
+ * (every bucket of it, for a row-chunked wte; in launch order),
  * on the all-gather of the bucket that tensor actually lives in
  * (L->params[i].bucket), never on "the next one in the list", so any launch
  * order is correct and only the overlap depends on it. Forward asks for

@@ -2,11 +2,13 @@
  * files, forward, backward. See gpt2.h.
  *
  * Forward reads parameters at params + buf_off; backward accumulates
- * gradients through the per-tensor pointer table grad_ptr (by default
- * grads + buf_off, so a tensor's gradient sits at the same offset as its
+ * gradients through the per-layout-parameter pointer table grad_ptr (by
+ * default grads + offset, so a gradient sits at the same offset as its
  * parameter; ZeRO-2 points it at per-bucket working buffers instead). The
  * optional hooks need_params / need_grads run right before the kernel that
- * first touches a tensor, naming exactly the tensors that kernel touches. */
+ * first touches a tensor, naming exactly the layout parameters that kernel
+ * touches (for wte: all of its row chunks, or the one chunk a per-chunk
+ * kernel writes). */
 #include "gpt2.h"
 
 #include <math.h>
@@ -139,10 +141,19 @@ LayoutParamSpec* gpt2_describe(GPT2* m, const GPT2Config* cfg, int* n) {
     for (li = 0; li < ns; li++) {
         GPT2Tensor* t = &m->tensors[seq[li]];
         t->layout_index = li;
+        t->nchunks = 1;
         m->layout_to_tensor[li] = seq[li];
         specs[li].name = t->name;
         specs[li].numel = t->numel;
         specs[li].decay = t->decay;
+        if (t->kind == GPT2_WTE) {
+            /* may be cut into row chunks (vocabulary rows), a bucket each. 64
+             * rows per unit: a chunk's lm-head dW GEMM reads the column slice
+             * dlogits[:, r0:r1], which then starts 128 bytes (bf16) or more
+             * into a row, an alignment cuBLASLt's fast kernels accept. */
+            specs[li].row_len = (size_t)cfg->channels;
+            specs[li].row_align = 64;
+        }
     }
     free(seq);
     *n = ns;
@@ -152,8 +163,34 @@ LayoutParamSpec* gpt2_describe(GPT2* m, const GPT2Config* cfg, int* n) {
 void gpt2_bind(GPT2* m, Backend* be, const Layout* L) {
     m->be = be;
     m->layout = L;
+    if (L->nspecs != m->ntensors)
+        fatal("internal: gpt2_bind: the layout has %d specs, the model %d tensors", L->nspecs, m->ntensors);
+    /* layout parameters -> tensors, through the spec each one comes from
+     * (describe's map is by spec); a tensor's chunks must be consecutive
+     * layout parameters forming one contiguous range of the buffer */
+    int* spec_to_tensor = m->layout_to_tensor;
+    m->nlayout = L->nparams;
+    m->layout_to_tensor = xmalloc(sizeof(int) * (size_t)L->nparams);
+    for (int i = 0; i < m->ntensors; i++) m->tensors[i].nchunks = 0;
+    for (int li = 0; li < L->nparams; li++) {
+        const LayoutParam* p = &L->params[li];
+        if (p->spec < 0 || p->spec >= L->nspecs) fatal("internal: gpt2_bind: layout parameter %d has no spec", li);
+        int ti = spec_to_tensor[p->spec];
+        GPT2Tensor* t = &m->tensors[ti];
+        m->layout_to_tensor[li] = ti;
+        if (t->nchunks == 0) t->layout_index = li;
+        const LayoutParam* p0 = &L->params[t->layout_index];
+        if (li != t->layout_index + t->nchunks || p->offset != p0->offset + p->spec_off ||
+            (t->nchunks == 0 && p->spec_off != 0))
+            fatal("internal: gpt2_bind: tensor %s is not one contiguous run of layout parameters", t->name);
+        t->nchunks++;
+    }
+    free(spec_to_tensor);
     for (int i = 0; i < m->ntensors; i++) {
         GPT2Tensor* t = &m->tensors[i];
+        const LayoutParam* pl = &L->params[t->layout_index + t->nchunks - 1];
+        if (t->nchunks == 0 || pl->spec_off + pl->numel != t->numel)
+            fatal("internal: gpt2_bind: tensor %s is not covered by the layout", t->name);
         t->buf_off = L->params[t->layout_index].offset;
     }
     size_t bytes = L->total * dtype_size(be->dtype);
@@ -164,8 +201,8 @@ void gpt2_bind(GPT2* m, Backend* be, const Layout* L) {
         m->grads = be->alloc(be, bytes, MEM_GRADS);
         be->zero(be, m->grads, bytes);
     }
-    m->grad_ptr = xcalloc((size_t)m->ntensors, sizeof(void*));
-    for (int li = 0; li < m->ntensors; li++)
+    m->grad_ptr = xcalloc((size_t)m->nlayout, sizeof(void*));
+    for (int li = 0; li < m->nlayout; li++)
         m->grad_ptr[li] = m->grads ? (char*)m->grads + L->params[li].offset * dtype_size(be->dtype) : NULL;
 }
 
@@ -395,22 +432,33 @@ static int tensor_index(const GPT2* m, int kind, int layer) {
 static void* P(const GPT2* m, void* buf, int kind, int layer) {
     return X(m, buf, m->tensors[tensor_index(m, kind, layer)].buf_off);
 }
-/* where backward accumulates the gradient of tensor (kind, layer) */
-static void* GP(const GPT2* m, int kind, int layer) {
-    void* g = m->grad_ptr[m->tensors[tensor_index(m, kind, layer)].layout_index];
-    if (!g) fatal("internal: no gradient buffer for tensor %s (need_grads hook missing?)",
-                  m->tensors[tensor_index(m, kind, layer)].name);
+/* where backward accumulates the gradient of layout parameter li */
+static void* GPL(const GPT2* m, int li) {
+    void* g = m->grad_ptr[li];
+    if (!g) fatal("internal: no gradient buffer for tensor %s (layout parameter %d; need_grads hook missing?)",
+                  m->tensors[m->layout_to_tensor[li]].name, li);
     return g;
 }
+/* ... of tensor (kind, layer): its first layout parameter, which is the
+ * whole tensor except for a chunked wte (and there, the whole tensor too
+ * when the gradients are one full buffer: its chunks are contiguous) */
+static void* GP(const GPT2* m, int kind, int layer) {
+    return GPL(m, m->tensors[tensor_index(m, kind, layer)].layout_index);
+}
 /* Tell a hook that the next kernel touches tensors (k1, layer) and, if
- * k2 >= 0, (k2, layer). */
+ * k2 >= 0, (k2, layer): every layout parameter of them. */
 static void need(const GPT2* m, gpt2_need_fn fn, void* ctx, int layer, int k1, int k2) {
     if (!fn) return;
-    int li[2];
-    int n = 0;
-    li[n++] = m->tensors[tensor_index(m, k1, layer)].layout_index;
-    if (k2 >= 0) li[n++] = m->tensors[tensor_index(m, k2, layer)].layout_index;
+    int fixed[8];
+    const GPT2Tensor* t1 = &m->tensors[tensor_index(m, k1, layer)];
+    const GPT2Tensor* t2 = k2 >= 0 ? &m->tensors[tensor_index(m, k2, layer)] : NULL;
+    int n = t1->nchunks + (t2 ? t2->nchunks : 0);
+    int* li = n <= 8 ? fixed : xmalloc(sizeof(int) * (size_t)n);
+    int k = 0;
+    for (int c = 0; c < t1->nchunks; c++) li[k++] = t1->layout_index + c;
+    for (int c = 0; t2 && c < t2->nchunks; c++) li[k++] = t2->layout_index + c;
     fn(ctx, li, n);
+    if (li != fixed) free(li);
 }
 #define NEED_P(layer, k1, k2) need(m, m->need_params, m->need_params_ctx, (layer), (k1), (k2))
 #define NEED_G(layer, k1, k2) need(m, m->need_grads, m->need_grads_ctx, (layer), (k1), (k2))
@@ -528,11 +576,13 @@ void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx) {
     int L = c->num_layers, NH = c->num_heads;
     void* W = m->params;
 
-    /* classifier: logits now hold dlogits; wte's gradient is not final until
-     * the encoder's backward */
-    NEED_G(-1, GPT2_WTE, -1);
-    be->matmul_backward(be, a.dbtc, GP(m, GPT2_WTE, -1), NULL, a.logits, a.lnf,
-                        P(m, W, GPT2_WTE, -1), NULL, (int)BT, (int)C, c->padded_vocab_size);
+    /* classifier: logits now hold dlogits. Only dX here; the lm head's dW
+     * (into wte's gradient) waits for the end of backward, where the
+     * encoder's rows are added too. Nothing below overwrites logits or lnf
+     * (backward's scratch is dres/dbtc/dqkv/dfch; recompute rewrites only
+     * the per-layer ln1/ln2/GELU buffers). */
+    be->matmul_backward(be, a.dbtc, NULL, NULL, a.logits, a.lnf, P(m, W, GPT2_WTE, -1), NULL, (int)BT,
+                        (int)C, c->padded_vocab_size);
     be->zero(be, a.dres, BT * C * dtype_size(be->dtype));
     NEED_G(-1, GPT2_LNFW, GPT2_LNFB);
     be->layernorm_backward(be, a.dres, GP(m, GPT2_LNFW, -1), GP(m, GPT2_LNFB, -1), a.dbtc,
@@ -582,12 +632,47 @@ void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx) {
                                a.ln1_rstd + (size_t)l * BTa, (int)BT, (int)C);
         mark_layer(m, l, ready, ctx);
     }
-    NEED_G(-1, GPT2_WTE, GPT2_WPE);
-    be->encoder_backward(be, GP(m, GPT2_WTE, -1), GP(m, GPT2_WPE, -1), a.dres, m->inputs_dev,
-                         B, T, (int)C);
-    if (ready) {
-        ready(ctx, m->tensors[1].layout_index);   /* wpe */
-        ready(ctx, m->tensors[0].layout_index);   /* wte */
+    /* embeddings: wte's gradient = the lm head's dW (the GEMM, first) + the
+     * encoder's token rows; wpe's = the encoder's position rows */
+    const GPT2Tensor* te = &m->tensors[tensor_index(m, GPT2_WTE, -1)];
+    const GPT2Tensor* tp = &m->tensors[tensor_index(m, GPT2_WPE, -1)];
+    const int Vp = c->padded_vocab_size;
+    if (!m->shard_grads) {
+        /* one full gradient buffer (zero_stage 0, 1): wte's chunks are one
+         * contiguous range there. The dW GEMM chunk by chunk anyway (the same
+         * GEMMs as ZeRO-2's, so the two give the same bits on every backend),
+         * then one encoder backward for all rows (one sort on CUDA). */
+        NEED_G(-1, GPT2_WTE, GPT2_WPE);
+        for (int k = 0; k < te->nchunks; k++) {
+            int li = te->layout_index + k;
+            const LayoutParam* lp = &m->layout->params[li];
+            be->matmul_backward_weight(be, GPL(m, li), X(m, a.logits, lp->spec_off / C), Vp, a.lnf, (int)BT,
+                                       (int)C, (int)(lp->numel / C));
+        }
+        be->encoder_backward(be, GP(m, GPT2_WTE, -1), GP(m, GPT2_WPE, -1), a.dres, m->inputs_dev, B, T,
+                             (int)C);
+        if (ready) {
+            ready(ctx, tp->layout_index);
+            for (int k = 0; k < te->nchunks; k++) ready(ctx, te->layout_index + k);
+        }
+        return;
+    }
+    /* sharded gradients (ZeRO-2): wpe first (its bucket can go), then one
+     * wte chunk at a time, so that only a chunk's worth of wte gradient is
+     * being written at once and each chunk's reduction starts as soon as it
+     * is done */
+    NEED_G(-1, GPT2_WPE, -1);
+    be->encoder_backward_range(be, NULL, GP(m, GPT2_WPE, -1), a.dres, m->inputs_dev, B, T, (int)C, 0, 0);
+    if (ready) ready(ctx, tp->layout_index);
+    for (int k = 0; k < te->nchunks; k++) {
+        int li = te->layout_index + k;
+        const LayoutParam* lp = &m->layout->params[li];
+        const int r0 = (int)(lp->spec_off / C), rows = (int)(lp->numel / C);
+        if (m->need_grads) m->need_grads(m->need_grads_ctx, &li, 1);
+        void* g = GPL(m, li);
+        be->matmul_backward_weight(be, g, X(m, a.logits, (size_t)r0), Vp, a.lnf, (int)BT, (int)C, rows);
+        be->encoder_backward_range(be, g, NULL, a.dres, m->inputs_dev, B, T, (int)C, r0, r0 + rows);
+        if (ready) ready(ctx, li);
     }
 }
 

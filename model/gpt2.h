@@ -3,7 +3,16 @@
  *
  * The model owns no parameter storage layout of its own: its tensors are
  * views into the flat param/grad buffers whose layout (ddp/layout.h) the
- * caller builds from gpt2_layout_specs(). */
+ * caller builds from gpt2_describe()'s specs.
+ *
+ * The token embedding wte (the tied lm head) is described with row_len = C:
+ * when it holds more than a bucket, the layout cuts it into row chunks, a
+ * bucket each, so wte is then several consecutive layout parameters (one
+ * contiguous range of the flat buffers, still one tensor to the model).
+ * Backward computes the lm head's weight gradient at the end, next to the
+ * encoder's, so that under ZeRO-2 each chunk's gradient is written, and
+ * reduced, one chunk after the other instead of living through the whole
+ * backward (issue 8, docs/ZERO.md). */
 #ifndef MODEL_GPT2_H
 #define MODEL_GPT2_H
 
@@ -35,6 +44,9 @@ typedef struct {
     int layout_index;       /* index in the layout's parameter list */
     int decay;              /* weight decay applies: matmul weights and embeddings */
     char name[32];
+    int nchunks;            /* layout parameters of this tensor, set by gpt2_bind: layout
+                             * indices [layout_index, layout_index + nchunks) (wte: its row
+                             * chunks when the layout cut it; every other tensor: 1) */
 } GPT2Tensor;
 
 /* Called by backward as soon as a tensor's gradient is final for this
@@ -52,16 +64,17 @@ typedef struct {
     Backend* be;
     int ntensors;           /* 12 L + 4 */
     GPT2Tensor* tensors;    /* in llm.c file order */
-    int* layout_to_tensor;  /* layout index -> tensor index */
+    int* layout_to_tensor;  /* layout index -> tensor index (gpt2_describe: one entry per
+                             * spec; gpt2_bind: one per layout parameter, nlayout) */
     size_t num_parameters;  /* sum of numel (padded vocab rows included) */
     const Layout* layout;
     void* params;           /* flat buffers, layout->total elements of be->dtype */
     void* grads;            /* NULL when shard_grads */
     int shard_grads;        /* set before gpt2_bind: allocate no full-size gradient buffer
                              * (ZeRO-2: the need_grads hook fills grad_ptr) */
-    void** grad_ptr;        /* [ntensors], by LAYOUT index: where backward accumulates each
-                             * tensor's gradient; gpt2_bind sets grads + offset (NULL when
-                             * shard_grads) */
+    void** grad_ptr;        /* [nlayout], by LAYOUT index: where backward accumulates each
+                             * layout parameter's gradient; gpt2_bind sets grads + offset
+                             * (NULL when shard_grads) */
     gpt2_need_fn need_params, need_grads;  /* optional hooks (NULL = none) */
     void *need_params_ctx, *need_grads_ctx;
     /* activations, allocated for (B, T) by gpt2_alloc_activations */
@@ -77,6 +90,7 @@ typedef struct {
     float* losses_host;
     int* inputs_host_copy;  /* the inputs of the last forward */
     int cur_B, cur_T;       /* shape of the last forward */
+    int nlayout;            /* layout parameters (gpt2_bind): ntensors + the extra row chunks */
 } GPT2;
 
 /* Preset "dN": N layers, 64*N channels, N heads, maxT 1024 (d12 = GPT-2
@@ -85,10 +99,13 @@ int gpt2_preset(const char* name, GPT2Config* cfg);
 /* Reads the config from an llm.c model file's header (fatal on a bad file). */
 void gpt2_read_header(const char* path, GPT2Config* cfg, int* file_dtype_version);
 /* The model's tensors (sets m->cfg, m->tensors, m->num_parameters) and the
- * layout specs in backward-finish order, with *n = ntensors. Caller frees. */
+ * layout specs in backward-finish order, with *n = ntensors (wte's spec has
+ * row_len = C: the layout may cut it into row chunks). Caller frees. */
 LayoutParamSpec* gpt2_describe(GPT2* m, const GPT2Config* cfg, int* n);
-/* Binds the model to a backend and a built layout; allocates the flat buffers
- * (zeroed, so padding is 0): params, and grads unless m->shard_grads. */
+/* Binds the model to a backend and a layout built from gpt2_describe's specs
+ * (maps its parameters, row chunks included, to the tensors); allocates the
+ * flat buffers (zeroed, so padding is 0): params, and grads unless
+ * m->shard_grads. */
 void gpt2_bind(GPT2* m, Backend* be, const Layout* L);
 /* GPT-2 init (normal 0.02, residual projections 0.02/sqrt(2L), biases 0,
  * layernorm weights 1; padded vocab rows 0), from seed; layout independent. */
@@ -113,8 +130,15 @@ void gpt2_alloc_activations(GPT2* m, int B, int T);
 float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T, float dloss);
 /* Backward of the last forward (which had dloss != 0): grads += ... through
  * grad_ptr, calling need_grads (if set) before each kernel that accumulates
- * into parameter gradients, and ready(ctx, layout_index) for each tensor as
- * its gradient becomes final. */
+ * into parameter gradients, and ready(ctx, layout_index) for each layout
+ * parameter as its gradient becomes final. The lm head's weight gradient
+ * (into wte's) is computed at the end, before the encoder's rows are added:
+ * with a full gradient buffer (!shard_grads) one dW GEMM per wte chunk, then
+ * one encoder backward, then every chunk is ready; with shard_grads
+ * (ZeRO-2) wpe's encoder backward first, then chunk by chunk: need_grads,
+ * the dW GEMM of its vocabulary rows, the encoder backward of the tokens in
+ * those rows, ready. Either way each element of wte's gradient gets the
+ * GEMM's terms and then the encoder's, in the same order. */
 void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx);
 /* Logits of position (b, t) of the last forward, first V columns, as fp32 on
  * the host (out has V floats). */
