@@ -196,6 +196,8 @@ extern "C" Backend* backend_cuda_create(DType dtype, int device_index, int allow
     be->gelu_backward = cuda_gelu_backward;
     be->grad_sumsq = cuda_grad_sumsq;
     be->adamw = cuda_adamw;
+    be->matmul_backward_weight = cuda_matmul_backward_weight;
+    be->encoder_backward_range = cuda_encoder_backward_range;
 
     cuda_matmul_init(be);
     cuda_attention_init(be);

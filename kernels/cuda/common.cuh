@@ -181,6 +181,8 @@ void cuda_encoder_forward(Backend* be, void* out, const int* inp, const void* wt
                           int B, int T, int C);
 void cuda_encoder_backward(Backend* be, void* dwte, void* dwpe, const void* dout, const int* inp,
                            int B, int T, int C);
+void cuda_encoder_backward_range(Backend* be, void* dwte, void* dwpe, const void* dout, const int* inp,
+                                 int B, int T, int C, int v0, int v1);
 /* layernorm.cu */
 void cuda_layernorm_forward(Backend* be, void* out, float* mean, float* rstd, const void* inp,
                             const void* w, const void* b, int N, int C);
@@ -198,6 +200,8 @@ void cuda_matmul_forward(Backend* be, void* out, void* pre_gelu, const void* inp
 void cuda_matmul_backward(Backend* be, void* dinp, void* dw, void* dbias, const void* dout,
                           const void* inp, const void* w, const void* pre_gelu, int N, int C,
                           int OC);
+void cuda_matmul_backward_weight(Backend* be, void* dw, const void* dout, int ld_dout, const void* inp,
+                                 int N, int C, int OC);
 /* attention.cu */
 void cuda_attention_init(Backend* be);
 void cuda_attention_forward(Backend* be, void* out, float* lse, const void* qkv, int B, int T,

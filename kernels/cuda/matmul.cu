@@ -50,18 +50,8 @@ static int ptr_align(const void* p) {
     return a;
 }
 
-void cuda_matmul_backward_weight(Backend* be, void* dw, const void* dout, int ld_dout, const void* inp, int N,
-                                 int C, int OC);
-void cuda_encoder_backward_range(Backend* be, void* dwte, void* dwpe, const void* dout, const int* inp, int B,
-                                 int T, int C, int v0, int v1);
-
 void cuda_matmul_init(Backend* be) {
     CudaCtx* c = cuda_ctx(be);
-    /* The two table entries added for ZeRO-2's embedding chunks (issue 8):
-     * set here, since backend.cu (which fills the rest of the table) calls
-     * this after it. */
-    be->matmul_backward_weight = cuda_matmul_backward_weight;
-    be->encoder_backward_range = cuda_encoder_backward_range;
     CUBLAS_CHECK(cublasLtCreate(&c->lt));
     c->lt_workspace_bytes = LT_WORKSPACE_BYTES;
     c->lt_workspace = cuda_alloc_tracked(be, c->lt_workspace_bytes, MEM_OTHER);
