@@ -49,8 +49,12 @@ LIB_SRCS := $(filter-out train_gpt2.c, $(wildcard common/*.c kernels/*.c model/*
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o) $(CU_SRCS:%.cu=$(BUILD)/%.cu.o)
 TEST_SRCS := $(wildcard test/test_*.c)
 TESTS := $(TEST_SRCS:test/%.c=$(BUILD)/%)
-TOOL_SRCS := $(wildcard tools/*.c)
+TOOL_SRCS := $(filter-out tools/nccl_bench.c, $(wildcard tools/*.c))
 TOOLS := $(TOOL_SRCS:tools/%.c=$(BUILD)/%)
+# NCCL bandwidth benchmark (tools/bench_multigpu.sh): only where both nvcc and mpicc are found
+ifneq ($(and $(NVCC),$(MPICC)),)
+  TOOLS += $(BUILD)/nccl_bench
+endif
 TRAINER ?= train_gpt2
 # fuzz harnesses (tools/fuzz/): replayed without libFuzzer by make test
 FUZZ_NAMES := shard model tokenizer checkpoint
@@ -92,6 +96,10 @@ $(BUILD)/test_%: $(BUILD)/test/test_%.o $(BUILD)/libgpt2.a
 
 $(BUILD)/%: $(BUILD)/tools/%.o $(BUILD)/libgpt2.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+# nccl_bench needs only util.c of the library, MPI (mpicc), cudart and NCCL
+$(BUILD)/nccl_bench: $(BUILD)/tools/nccl_bench.o $(BUILD)/common/util.o
+	$(CC) $(CFLAGS) $^ -o $@ -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lnccl -lm
 
 .SECONDARY: $(FUZZ_NAMES:%=$(BUILD)/tools/fuzz/fuzz_%.o) $(BUILD)/tools/fuzz/fuzz_common.o $(BUILD)/tools/fuzz/fuzz_replay.o
 $(BUILD)/fuzz_replay_%: $(BUILD)/tools/fuzz/fuzz_%.o $(BUILD)/tools/fuzz/fuzz_common.o $(BUILD)/tools/fuzz/fuzz_replay.o $(BUILD)/libgpt2.a
