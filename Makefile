@@ -82,7 +82,7 @@ $(BUILD)/%.o: %.c $(CONFIG_STAMP)
 
 $(BUILD)/%.cu.o: %.cu $(CONFIG_STAMP)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -I$(CUDA_HOME)/include -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) -I$(CUDA_HOME)/include -MMD -MP -c $< -o $@
 
 $(BUILD)/libgpt2.a: $(LIB_OBJS)
 	@rm -f $@
