@@ -14,6 +14,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #define GPT2_MODEL_MAGIC 20240326
 
@@ -250,38 +253,56 @@ void gpt2_params_from_host(GPT2* m, const float* in) {
         put_tensor(m, &m->tensors[i], in + m->tensors[i].file_off);
 }
 
-void gpt2_init_random(GPT2* m, uint64_t seed) {
+/* tensor t's initial values (fp32, numel) from its own stream */
+static void init_tensor(const GPT2* m, const GPT2Tensor* t, uint64_t seed, float* w) {
     const GPT2Config* c = &m->cfg;
     float resid_std = 0.02f / sqrtf(2.0f * (float)c->num_layers);
-    for (int i = 0; i < m->ntensors; i++) {
-        const GPT2Tensor* t = &m->tensors[i];
-        float* w = xmalloc(t->numel * sizeof(float));
-        /* one stream per tensor, so a tensor's values do not depend on the others */
-        Rng r;
-        rng_seed(&r, seed * 1000003ull + (uint64_t)t->kind * 4099ull + (uint64_t)(t->layer + 1));
-        size_t n = t->numel;
-        switch (t->kind) {
-        case GPT2_LN1W: case GPT2_LN2W: case GPT2_LNFW:
-            for (size_t j = 0; j < n; j++) w[j] = 1.0f;
-            break;
-        case GPT2_LN1B: case GPT2_LN2B: case GPT2_LNFB: case GPT2_QKVB: case GPT2_ATTPROJB:
-        case GPT2_FCB: case GPT2_FCPROJB:
-            memset(w, 0, n * sizeof(float));
-            break;
-        case GPT2_WTE: {
-            size_t real = (size_t)c->vocab_size * (size_t)c->channels;
-            for (size_t j = 0; j < n; j++) w[j] = j < real ? 0.02f * rng_normal(&r) : 0.0f;
-            break;
-        }
-        case GPT2_ATTPROJW: case GPT2_FCPROJW:
-            for (size_t j = 0; j < n; j++) w[j] = resid_std * rng_normal(&r);
-            break;
-        default:
-            for (size_t j = 0; j < n; j++) w[j] = 0.02f * rng_normal(&r);
-        }
-        put_tensor(m, t, w);
-        free(w);
+    /* one stream per tensor, so a tensor's values do not depend on the others */
+    Rng r;
+    rng_seed(&r, seed * 1000003ull + (uint64_t)t->kind * 4099ull + (uint64_t)(t->layer + 1));
+    size_t n = t->numel;
+    switch (t->kind) {
+    case GPT2_LN1W: case GPT2_LN2W: case GPT2_LNFW:
+        for (size_t j = 0; j < n; j++) w[j] = 1.0f;
+        break;
+    case GPT2_LN1B: case GPT2_LN2B: case GPT2_LNFB: case GPT2_QKVB: case GPT2_ATTPROJB:
+    case GPT2_FCB: case GPT2_FCPROJB:
+        memset(w, 0, n * sizeof(float));
+        break;
+    case GPT2_WTE: {
+        size_t real = (size_t)c->vocab_size * (size_t)c->channels;
+        for (size_t j = 0; j < n; j++) w[j] = j < real ? 0.02f * rng_normal(&r) : 0.0f;
+        break;
     }
+    case GPT2_ATTPROJW: case GPT2_FCPROJW:
+        for (size_t j = 0; j < n; j++) w[j] = resid_std * rng_normal(&r);
+        break;
+    default:
+        for (size_t j = 0; j < n; j++) w[j] = 0.02f * rng_normal(&r);
+    }
+}
+
+void gpt2_init_random(GPT2* m, uint64_t seed) {
+    /* The streams are independent, so the tensors are generated in parallel,
+     * a group of (threads) tensors at a time (host memory: one group), and
+     * copied to the device in order: the values do not depend on the thread
+     * count. (Billions of parameters took minutes one value at a time.) */
+    int group = 1;
+#ifdef _OPENMP
+    group = omp_get_max_threads();
+#endif
+    float** bufs = xmalloc((size_t)group * sizeof(float*));
+    for (int i0 = 0; i0 < m->ntensors; i0 += group) {
+        int n = m->ntensors - i0 < group ? m->ntensors - i0 : group;
+        for (int k = 0; k < n; k++) bufs[k] = xmalloc(m->tensors[i0 + k].numel * sizeof(float));
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int k = 0; k < n; k++) init_tensor(m, &m->tensors[i0 + k], seed, bufs[k]);
+        for (int k = 0; k < n; k++) {
+            put_tensor(m, &m->tensors[i0 + k], bufs[k]);
+            free(bufs[k]);
+        }
+    }
+    free(bufs);
     m->be->synchronize(m->be);
 }
 
