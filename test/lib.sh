@@ -15,17 +15,26 @@ trap 'rm -rf "$TMP"' EXIT
 losses() { grep -o '"loss":[^,]*' "$1/log.jsonl" | cut -d: -f2; }
 
 # The training runs of the shell tests. Each test sets COMMON (its flags) first.
-# run DIR NP [flags...]: NP 0 runs without mpirun; writes DIR/out.txt, DIR/log.jsonl, DIR/model.bin
-run() {
+# run_quiet DIR NP [flags...]: NP 0 runs without mpirun. The trainer's output goes to DIR.out (beside
+# the output directory DIR, which then holds only what the trainer wrote: log.jsonl, checkpoints
+# and, unless RUN_SAVE_MODEL=0, the final model DIR/model.bin). RUN_TIMEOUT (default 300 s) bounds
+# the run; RUN_MPI_FLAGS are added to the trainer's flags under mpirun. Returns the exit status.
+run_quiet() {
     local dir="$1" np="$2"; shift 2
     mkdir -p "$dir"
+    local save=(); [ "${RUN_SAVE_MODEL:-1}" = 1 ] && save=(--save_model "$dir/model.bin")
     if [ "$np" = 0 ]; then
-        ./train_gpt2 $COMMON --output_dir "$dir" --save_model "$dir/model.bin" "$@" >"$dir/out.txt" 2>&1
+        timeout "${RUN_TIMEOUT:-300}" ./train_gpt2 $COMMON --output_dir "$dir" "${save[@]}" "$@" >"$dir.out" 2>&1
     else
-        OMP_NUM_THREADS=1 timeout 300 $MPIRUN -np "$np" -x OMP_NUM_THREADS ./train_gpt2 $COMMON --output_dir "$dir" --save_model "$dir/model.bin" "$@" >"$dir/out.txt" 2>&1
+        OMP_NUM_THREADS=1 timeout "${RUN_TIMEOUT:-300}" $MPIRUN -np "$np" -x OMP_NUM_THREADS ./train_gpt2 $COMMON \
+            ${RUN_MPI_FLAGS:-} --output_dir "$dir" "${save[@]}" "$@" >"$dir.out" 2>&1
     fi
+}
+# run: the same, for a run that must succeed: a failure prints its last lines
+run() {
+    run_quiet "$@" && return 0
     local rc=$?
-    [ $rc -eq 0 ] || { echo "run $dir failed ($rc):"; tail -5 "$dir/out.txt"; }
+    echo "    run $1 failed ($rc):"; tail -5 "$1.out" | sed 's/^/      /'
     return $rc
 }
 # identical losses, bit for bit (and at least one)

@@ -24,24 +24,9 @@ COMMON="--input_bin $TMP/train.bin --input_val_bin $TMP/val.bin --val_loss_every
   --model d2 --n_embd 32 --n_head 2 --max_seq_len 32 --batch_size 2 --sequence_length 16 --num_iterations 10
   --learning_rate 3e-3 --warmup_iters 2 --learning_rate_decay_frac 0.1 --weight_decay 0.1 --grad_clip 0.5
   --seed 7 --shuffle 1 --bucket_size 1000"
-# run DIR NP [flags...]: NP=0 runs without mpirun; output in DIR.out
-run() {
-    local dir="$1" np="$2"; shift 2
-    mkdir -p "$dir"
-    if [ "$np" = 0 ]; then
-        timeout 300 ./train_gpt2 $COMMON --output_dir "$dir" "$@" >"$dir.out" 2>&1
-    else
-        OMP_NUM_THREADS=1 timeout 300 $MPIRUN -np "$np" -x OMP_NUM_THREADS ./train_gpt2 $COMMON --output_dir "$dir" "$@" >"$dir.out" 2>&1
-    fi
-}
-runok() { run "$@" || { echo "    run $1 failed:"; tail -5 "$1.out" | sed 's/^/      /'; return 1; }; }
-same_losses() { cmp -s <(losses "$1") <(losses "$2"); }
+# runs (test/lib.sh's run / run_quiet): output in DIR.out; model files only where a run asks
+RUN_SAVE_MODEL=0
 nlosses() { losses "$1" | wc -l; }
-close_losses() {
-    paste <(losses "$1") <(losses "$2") | awk -v tol="$3" '
-      { d = $1 - $2; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); if (r > m) m = r; n++ }
-      END { printf "    losses: %d steps, max rel diff %.2e\n", n, m; exit !(n == 10 && m <= tol) }'
-}
 # a copy of SRC holding only its checkpoint of step STEP (and its log)
 seed_dir() {
     local src="$1" step="$2" dst="$3"
@@ -55,9 +40,9 @@ for cfg in "0|" "2|--zero_stage 0 --total_batch_size 128" "2|--zero_stage 1"; do
     name="np$np${flags:+ $flags}"
     tag=$(printf '%s' "$np$flags" | tr -c 'a-z0-9' '_')
     U="$TMP/u_$tag"; R="$TMP/r_$tag"
-    runok "$U" "$np" $flags --checkpoint_every 4 --save_model "$U.model.bin" || { bad "$name: uninterrupted run"; continue; }
+    run "$U" "$np" $flags --checkpoint_every 4 --save_model "$U.model.bin" || { bad "$name: uninterrupted run"; continue; }
     seed_dir "$U" 4 "$R"
-    runok "$R" "$np" $flags --checkpoint_every 4 --resume --save_model "$R.model.bin" || { bad "$name: resumed run"; continue; }
+    run "$R" "$np" $flags --checkpoint_every 4 --resume --save_model "$R.model.bin" || { bad "$name: resumed run"; continue; }
     check "$name: resumed from step 4 ($(grep -o 'resume: from .*' "$R.out" | head -1 | sed 's|/tmp/[^ ]*/||'))" grep -q "resume: from $R/ckpt_00000004: step 4" "$R.out"
     check "$name: 10 losses, bit-identical to the uninterrupted run" eval '[ "$(nlosses "$R")" = 10 ] && same_losses "$U" "$R"'
     check "$name: validation losses identical" cmp -s <(grep -o '"val_loss":[^}]*' "$U/log.jsonl") <(grep -o '"val_loss":[^}]*' "$R/log.jsonl")
@@ -74,21 +59,21 @@ fi
 
 # ---- save at N=4 (zero_stage 1), resume at other N and stages ----
 G="--total_batch_size 384"   # 12 rows of 16 tokens per step: divides by B*T*N for N = 1..4
-runok "$TMP/ref" 0 $G --save_model "$TMP/ref.model.bin" || bad "single-process reference run"
-runok "$TMP/n4" 4 $G --zero_stage 1 --checkpoint_every 5 --save_model "$TMP/n4.model.bin" || bad "N=4 run"
+run "$TMP/ref" 0 $G --save_model "$TMP/ref.model.bin" || bad "single-process reference run"
+run "$TMP/n4" 4 $G --zero_stage 1 --checkpoint_every 5 --save_model "$TMP/n4.model.bin" || bad "N=4 run"
 check "N=4 zero_stage 1 within 1e-6 of the single process (sanity)" close_losses "$TMP/n4" "$TMP/ref" 1e-6
 for cell in "1 0" "2 1" "3 0" "3 1 --batch_size 4"; do
     set -- $cell; n=$1; z=$2; shift 2
     d="$TMP/from4_n${n}_z$z${1:+_b4}"
     seed_dir "$TMP/n4" 5 "$d"
-    if ! runok "$d" "$n" $G --zero_stage $z --resume --save_model "$d.model.bin" "$@"; then bad "resume at N=$n zero $z${*:+ $*}"; continue; fi
+    if ! run "$d" "$n" $G --zero_stage $z --resume --save_model "$d.model.bin" "$@"; then bad "resume at N=$n zero $z${*:+ $*}"; continue; fi
     check "saved at N=4 zero 1, resumed at N=$n zero $z${*:+ $*}: losses within 1e-6 of the single process" close_losses "$d" "$TMP/ref" 1e-6
     check "saved at N=4 zero 1, resumed at N=$n zero $z${*:+ $*}: params within 1e-6" build/compare_models "$d.model.bin" "$TMP/ref.model.bin" --rtol 1e-6
 done
 grep '^resume: ' "$TMP/from4_n3_z1_b4.out" | sed 's/^/    /'
 d="$TMP/from4_n4"
 seed_dir "$TMP/n4" 5 "$d"
-runok "$d" 4 $G --zero_stage 1 --resume --save_model "$d.model.bin" || bad "resume at N=4"
+run "$d" 4 $G --zero_stage 1 --resume --save_model "$d.model.bin" || bad "resume at N=4"
 check "saved and resumed at N=4 zero 1: losses bit-identical to the uninterrupted N=4 run" same_losses "$d" "$TMP/n4"
 check "saved and resumed at N=4 zero 1: params bit-identical" build/compare_models "$d.model.bin" "$TMP/n4.model.bin" --exact
 
@@ -140,14 +125,14 @@ I="$TMP/incomplete"
 seed_dir "$B" 4 "$I"
 cp -r "$B/ckpt_00000008" "$I/"; rm "$I/ckpt_00000008/DONE"              # crashed between rename and DONE
 cp -r "$B/ckpt_00000010" "$I/ckpt_00000010.tmp"                         # crashed before the rename
-run "$I" 2 --zero_stage 1 --resume --num_iterations 4
+run_quiet "$I" 2 --zero_stage 1 --resume --num_iterations 4
 check "incomplete newer checkpoints are skipped (no DONE, .tmp): resumes from step 4" \
     eval 'grep -q "skipping the incomplete checkpoint .*ckpt_00000008 " "$I.out" && grep -q "skipping the incomplete checkpoint .*ckpt_00000010.tmp" "$I.out" && grep -q "resume: from $I/ckpt_00000004: step 4" "$I.out"'
 E="$TMP/empty"
-runok "$E" 0 --resume --num_iterations 2 --checkpoint_every 1 || bad "resume into an empty directory"
+run "$E" 0 --resume --num_iterations 2 --checkpoint_every 1 || bad "resume into an empty directory"
 check "--resume with no checkpoint starts from step 0" eval 'grep -q "no complete checkpoint in .*: starting from step 0" "$E.out" && [ "$(nlosses "$E")" = 2 ]'
 K="$TMP/keep"
-runok "$K" 0 --checkpoint_every 2 --checkpoints_keep 2 || bad "keep run"
+run "$K" 0 --checkpoint_every 2 --checkpoints_keep 2 || bad "keep run"
 check "--checkpoints_keep 2 keeps the newest two ($(ls "$K" | grep ckpt_ | tr '\n' ' '))" [ "$(ls "$K" | grep ckpt_ | tr '\n' ' ')" = "ckpt_00000008 ckpt_00000010 " ]
 
 finish test_checkpoint

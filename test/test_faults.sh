@@ -26,18 +26,8 @@ build/make_shard "$TMP/train.bin" 30000 1
 COMMON="--input_bin $TMP/train.bin --model d2 --n_embd 32 --n_head 2 --max_seq_len 32 --batch_size 2
   --sequence_length 16 --learning_rate 3e-3 --lr_schedule constant --weight_decay 0.1 --grad_clip 0.5
   --seed 7 --shuffle 1"
-# run DIR NP [flags...] (NP=0: no mpirun); output in DIR.out
-run() {
-    local dir="$1" np="$2"; shift 2
-    mkdir -p "$dir"
-    if [ "$np" = 0 ]; then
-        timeout 120 ./train_gpt2 $COMMON --output_dir "$dir" "$@" >"$dir.out" 2>&1
-    else
-        OMP_NUM_THREADS=1 timeout 120 $MPIRUN -np "$np" -x OMP_NUM_THREADS ./train_gpt2 $COMMON --output_dir "$dir" "$@" >"$dir.out" 2>&1
-    fi
-}
-runok() { run "$@" || { echo "    run $1 failed:"; tail -5 "$1.out" | sed 's/^/      /'; return 1; }; }
-same_losses() { cmp -s <(losses "$1") <(losses "$2"); }
+# runs (test/lib.sh's run / run_quiet): output in DIR.out; model files only where a run asks
+RUN_SAVE_MODEL=0 RUN_TIMEOUT=120
 nerrors() { grep -c "^error: .*$2" "$1"; }
 # start_bg DIR NP [flags...]: mpirun in the background; sets BG (its pid)
 start_bg() {
@@ -64,32 +54,32 @@ now_ms() { date +%s%3N; }
 newest_complete() { local d; for d in "$1"/ckpt_????????; do [ -f "$d/DONE" ] && basename "$d"; done | tail -1; }
 
 # ---- NaN / Inf ----
-runok "$TMP/nan1" 2 --zero_stage 1 --num_iterations 6 --inject_nan_at_step 3 || bad "np 2 run with a NaN at step 3"
+run "$TMP/nan1" 2 --zero_stage 1 --num_iterations 6 --inject_nan_at_step 3 || bad "np 2 run with a NaN at step 3"
 grep -E 'step +[2-4]/' "$TMP/nan1.out" | sed 's/ | [0-9.]* ms.*//; s/^/    /'
 check "a NaN gradient at step 3: logged as skipped (1 in a row)" grep -q 'step    3/6 | non-finite grad norm (loss [0-9.]*, norm nan): update skipped (1 in a row' "$TMP/nan1.out"
 check "the run goes on: 5 finite losses, step 4 finite" eval '[ "$(losses "$TMP/nan1" | wc -l)" = 5 ] && grep -q "step    4/6 | loss [0-9]" "$TMP/nan1.out"'
 check "the skipped step is in log.jsonl" grep -q '{"step":3,"skipped":1,"bad_in_a_row":1}' "$TMP/nan1/log.jsonl"
-runok "$TMP/nan2" 2 --zero_stage 1 --num_iterations 3 --inject_nan_at_step 3 --save_model "$TMP/nan2.bin" || bad "3 steps, the last poisoned"
-runok "$TMP/nan3" 2 --zero_stage 1 --num_iterations 2 --save_model "$TMP/nan3.bin" || bad "2 clean steps"
+run "$TMP/nan2" 2 --zero_stage 1 --num_iterations 3 --inject_nan_at_step 3 --save_model "$TMP/nan2.bin" || bad "3 steps, the last poisoned"
+run "$TMP/nan3" 2 --zero_stage 1 --num_iterations 2 --save_model "$TMP/nan3.bin" || bad "2 clean steps"
 check "no update on the skipped step: params after it equal those of a run that stopped before it" build/compare_models "$TMP/nan2.bin" "$TMP/nan3.bin" --exact
-runok "$TMP/nan4" 0 --num_iterations 5 --inject_nan_at_step 2 --inject_nan_steps 2 || bad "single process, 2 bad steps"
+run "$TMP/nan4" 0 --num_iterations 5 --inject_nan_at_step 2 --inject_nan_steps 2 || bad "single process, 2 bad steps"
 check "an infinite loss is skipped too (2 in a row), then training goes on" \
     eval 'grep -q "step    3/5 | non-finite loss (loss inf, norm [0-9.]*): update skipped (2 in a row" "$TMP/nan4.out" && grep -q "step    4/5 | loss [0-9]" "$TMP/nan4.out"'
 # max_bad_steps: 3 in a row stop the run; the checkpoint of step 6 (inside the streak) is usable
-run "$TMP/stop" 2 --zero_stage 1 --num_iterations 10 --checkpoint_every 2 --inject_nan_at_step 5 --inject_nan_steps 10 --max_bad_steps 3
+run_quiet "$TMP/stop" 2 --zero_stage 1 --num_iterations 10 --checkpoint_every 2 --inject_nan_at_step 5 --inject_nan_steps 10 --max_bad_steps 3
 rc=$?
 msg="step 7: 3 steps in a row had a non-finite loss or grad norm (--max_bad_steps 3): stopping; the last complete checkpoint is $TMP/stop/ckpt_00000006"
 check "--max_bad_steps 3: exit $rc, stopped at step 7 on both ranks naming ckpt_00000006" eval '[ $rc -ne 0 ] && [ "$(grep -cF "error: $msg" "$TMP/stop.out")" = 2 ] && ! grep -q "step    8/10" "$TMP/stop.out"'
 grep -m1 '^error:' "$TMP/stop.out" | sed "s|$TMP/||; s/^/    /"
-runok "$TMP/survive" 2 --zero_stage 1 --num_iterations 10 --checkpoint_every 2 --inject_nan_at_step 5 --inject_nan_steps 2 --max_bad_steps 3 || bad "the run that survives 2 bad steps"
-runok "$TMP/stop" 2 --zero_stage 1 --num_iterations 10 --checkpoint_every 2 --max_bad_steps 3 --resume || bad "resume after the stop"
+run "$TMP/survive" 2 --zero_stage 1 --num_iterations 10 --checkpoint_every 2 --inject_nan_at_step 5 --inject_nan_steps 2 --max_bad_steps 3 || bad "the run that survives 2 bad steps"
+run "$TMP/stop" 2 --zero_stage 1 --num_iterations 10 --checkpoint_every 2 --max_bad_steps 3 --resume || bad "resume after the stop"
 check "--resume after the stop continues from ckpt_00000006: the same losses as a run that survived the same faults" \
     eval 'grep -q "resume: from $TMP/stop/ckpt_00000006: step 6" "$TMP/stop.out" && same_losses "$TMP/stop" "$TMP/survive" && [ "$(losses "$TMP/stop" | wc -l)" = 8 ]'
 
 # ---- a rank that dies or stalls (np 3) ----
 F="--zero_stage 1 --num_iterations 24 --comm_timeout 5"
 C="--checkpoint_every 4 --checkpoints_keep 2"
-runok "$TMP/ref3" 3 $F || bad "np 3 reference run"
+run "$TMP/ref3" 3 $F || bad "np 3 reference run"
 for mode in KILL STOP; do
     D="$TMP/fault_$mode"
     start_bg "$D" 3 $F $C --num_iterations 500   # constant lr: the length does not change the steps; it cannot end before the fault
@@ -108,7 +98,7 @@ for mode in KILL STOP; do
             eval '[ $rc -ne 0 ] && [ $ms -ge 4500 ] && [ $ms -lt 20000 ] && grep -q "did not complete within 5 s: a peer rank died or stalled" "$D.out"'
     fi
     grep -m1 -E '^error:|mpirun noticed' "$D.out" | sed 's/^/    /'
-    runok "$D" 3 $F $C --resume || bad "$mode: resume"
+    run "$D" 3 $F $C --resume || bad "$mode: resume"
     check "$mode: --resume continues from the last complete checkpoint ($last), bit-identical to the uninterrupted run" \
         eval 'grep -q "resume: from $D/$last:" "$D.out" && same_losses "$D" "$TMP/ref3" && [ "$(losses "$D" | wc -l)" = 24 ]'
 done
@@ -116,7 +106,7 @@ done
 # ---- kill -9 of every rank while a checkpoint is being saved ----
 S="--zero_stage 1 --num_iterations 16"
 C="--checkpoint_every 1 --checkpoints_keep 2"
-runok "$TMP/ref2" 2 $S || bad "np 2 reference run"
+run "$TMP/ref2" 2 $S || bad "np 2 reference run"
 caught=""
 for attempt in 1 2 3 4 5; do
     D="$TMP/save_kill$attempt"
@@ -138,7 +128,7 @@ done
 if [ -n "$caught" ]; then
     ok "kill -9 during a save (attempt $caught) left an unfinished checkpoint: $(ls -d "$D"/ckpt_*.tmp 2>/dev/null | xargs -r -n1 basename | tr '\n' ' ')$nodone"
     last=$(newest_complete "$D")
-    runok "$D" 2 $S $C --resume || bad "resume after the kill during a save"
+    run "$D" 2 $S $C --resume || bad "resume after the kill during a save"
     check "--resume skips it and takes $last, the newest complete one" grep -q "resume: from $D/$last:" "$D.out"
     check "the resumed run is bit-identical to the uninterrupted run" eval 'same_losses "$D" "$TMP/ref2" && [ "$(losses "$D" | wc -l)" = 16 ]'
 else
@@ -180,8 +170,8 @@ if mnt size=40m "$TMP/full"; then
     grep -m1 '^error:' "$TMP/full.out" | sed "s|$TMP/||g; s/^/    /"
     check "the first checkpoint is kept, complete" eval '[ -f "$TMP/full/ckpt_00000002/DONE" ] && [ ! -e "$TMP/full/ckpt_00000004" ]'
     mkdir -p "$TMP/after_full" && cp -r "$TMP/full/ckpt_00000002" "$TMP/full/log.jsonl" "$TMP/after_full/"
-    runok "$TMP/after_full" 2 --zero_stage 1 --num_iterations 6 --checkpoint_every 2 --resume || bad "resume from the kept checkpoint"
-    runok "$TMP/ref_full" 2 --zero_stage 1 --num_iterations 6 || bad "reference for the disk-full case"
+    run "$TMP/after_full" 2 --zero_stage 1 --num_iterations 6 --checkpoint_every 2 --resume || bad "resume from the kept checkpoint"
+    run "$TMP/ref_full" 2 --zero_stage 1 --num_iterations 6 || bad "reference for the disk-full case"
     check "it resumes (elsewhere) and matches the uninterrupted run bit for bit" eval 'grep -q "resume: from .*ckpt_00000002: step 2" "$TMP/after_full.out" && same_losses "$TMP/after_full" "$TMP/ref_full"'
 else
     echo "skip disk full: cannot mount a tmpfs here"

@@ -19,7 +19,7 @@ for dt in bf16 fp32; do
     for cfg in "0" "1" "2" "1 --overlap_param_gather" "2 --overlap_param_gather"; do
         name="$dt-z${cfg// /}"; name=${name//--overlap_param_gather/o}
         if run "$TMP/$name" 1 --dtype $dt --comm nccl --zero_stage $cfg; then
-            grep -q "comm nccl" "$TMP/$name/out.txt" || { bad "$name: the run did not use NCCL"; continue; }
+            grep -q "comm nccl" "$TMP/$name.out" || { bad "$name: the run did not use NCCL"; continue; }
             check "$dt nccl np=1 zero_stage $cfg = no communicator, bit for bit" same_losses "$TMP/$name" "$TMP/$dt-single"
             check "$dt nccl np=1 zero_stage $cfg: same model file" cmp -s "$TMP/$name/model.bin" "$TMP/$dt-single/model.bin"
         else bad "$name run"; fi

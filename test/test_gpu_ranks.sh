@@ -20,22 +20,7 @@ build/make_shard "$TMP/train.bin" 200000 1
 COMMON="--device cuda --input_bin $TMP/train.bin --model d2 --n_embd 128 --max_seq_len 128
   --batch_size 4 --sequence_length 128 --num_iterations 10 --learning_rate 1e-3 --warmup_iters 2
   --learning_rate_decay_frac 0.1 --weight_decay 0.1 --grad_clip 0.5 --seed 5 --bucket_size 100K"
-run() {
-    local dir="$1" np="$2"; shift 2
-    mkdir -p "$dir"
-    if [ "$np" = 0 ]; then
-        ./train_gpt2 $COMMON --output_dir "$dir" --save_model "$dir/model.bin" "$@" >"$dir/out.txt" 2>&1
-    else
-        timeout 300 $MPIRUN -np "$np" ./train_gpt2 $COMMON --comm mpi --output_dir "$dir" --save_model "$dir/model.bin" "$@" >"$dir/out.txt" 2>&1
-    fi
-    local rc=$?; [ $rc -eq 0 ] || { echo "run $dir failed ($rc):"; tail -5 "$dir/out.txt"; }; return $rc
-}
-close_losses() {
-    paste <(losses "$1") <(losses "$2") | awk -v tol="$3" '
-      { d = $1 - $2; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); if (r > m) m = r; n++ }
-      END { printf "    losses: %d steps, max rel diff %.2e\n", n, m; exit !(n == 10 && m <= tol) }'
-}
-same_losses() { cmp -s <(losses "$1") <(losses "$2"); }
+RUN_MPI_FLAGS="--comm mpi"   # ranks share the GPU (test/lib.sh's run)
 for dt in fp32 bf16; do
     run "$TMP/$dt-ref1" 0 --dtype $dt && run "$TMP/$dt-ref1b" 0 --dtype $dt
     check "$dt: two identical GPU runs give bit-identical losses" same_losses "$TMP/$dt-ref1" "$TMP/$dt-ref1b"
@@ -55,7 +40,7 @@ for dt in fp32 bf16; do
         done
     done
 done
-grep -h 'rank [0-9] memory' "$TMP"/bf16-n3-z1/out.txt "$TMP"/bf16-n3-z0/out.txt | sed 's/^/    /'
+grep -h 'rank [0-9] memory' "$TMP"/bf16-n3-z1.out "$TMP"/bf16-n3-z0.out | sed 's/^/    /'
 
 # ---- zero_stage 2 and the overlapped all-gather ----
 same_params() { build/compare_models "$1/model.bin" "$2/model.bin" --exact; }
@@ -99,8 +84,8 @@ for dt in fp32 bf16; do
         bad "$dt-n2-a2 zero_stage 2 runs"
     fi
 done
-grep -h 'rank [0-9] memory\|zero_stage 2 gradients' "$TMP"/bf16-n3-z1/out.txt "$TMP"/bf16-n3-z2/out.txt | sed 's/^/    /'
+grep -h 'rank [0-9] memory\|zero_stage 2 gradients' "$TMP"/bf16-n3-z1.out "$TMP"/bf16-n3-z2.out | sed 's/^/    /'
 for c in bf16-n3-z1 bf16-n3-z1o bf16-n3-z2 bf16-n3-z2o; do
-    echo "    $c: $(grep -h '^done:' "$TMP/$c/out.txt")"
+    echo "    $c: $(grep -h '^done:' "$TMP/$c.out")"
 done
 finish test_gpu_ranks

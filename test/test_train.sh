@@ -28,7 +28,7 @@ run "$TMP/rec1" 0 --recompute 1 && run "$TMP/rec2" 0 --recompute 2
 check "--recompute 1 (GELU recomputed): bit-identical losses" same_losses "$TMP/det1" "$TMP/rec1"
 check "--recompute 2 (GELU and layernorms recomputed): bit-identical losses" same_losses "$TMP/det1" "$TMP/rec2"
 check "--recompute 2: bit-identical parameters" build/compare_models "$TMP/det1/model.bin" "$TMP/rec2/model.bin" --exact
-check "--recompute 2 uses less activation memory" [ "$(grep -o 'activations [0-9.]* MB' "$TMP/rec2/out.txt")" != "$(grep -o 'activations [0-9.]* MB' "$TMP/det1/out.txt")" ]
+check "--recompute 2 uses less activation memory" [ "$(grep -o 'activations [0-9.]* MB' "$TMP/rec2.out")" != "$(grep -o 'activations [0-9.]* MB' "$TMP/det1.out")" ]
 
 # ---- references: single process, same global batch (B*T*N*accum) ----
 for prod in 1 2 3 4 6 8; do
@@ -64,14 +64,14 @@ done
 
 # ---- optimizer memory per rank ----
 for n in 1 2 4; do
-    out="$TMP/n$n-z1-a1-tiny/out.txt"
+    out="$TMP/n$n-z1-a1-tiny.out"
     total=$(grep -o 'optimizer state [0-9]* bytes for [0-9]* owned of [0-9]*' "$out" | head -1 | awk '{print $9}')
     sum=$(grep -o 'optimizer state [0-9]* bytes for [0-9]* owned' "$out" | awk '{s += $6} END {print s}')
     okbytes=$(grep -o 'optimizer state [0-9]* bytes for [0-9]* owned' "$out" | awk '{ if ($3 != 12 * $6) bad = 1 } END { print bad ? 0 : 1 }')
     grep -o 'rank [0-9]* memory:.*' "$out" | sed 's/^/    /'
     check "zero_stage 1, N=$n: optimizer bytes = 12 x owned elements on every rank" [ "$okbytes" = 1 ]
     check "zero_stage 1, N=$n: owned elements sum to the model ($sum of $total)" [ "$sum" = "$total" ]
-    out0="$TMP/n$n-z0-a1-tiny/out.txt"
+    out0="$TMP/n$n-z0-a1-tiny.out"
     full=$(grep -o 'optimizer state [0-9]* bytes for [0-9]* owned' "$out0" | awk '{ if ($6 != '"${total:-0}"') bad = 1 } END { print bad ? 0 : 1 }')
     check "zero_stage 0, N=$n: full optimizer state on every rank" [ "$full" = 1 ]
 done

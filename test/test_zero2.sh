@@ -97,18 +97,18 @@ for n in 2 3; do
     fi
     check "$cell: reverse launch order = blocking all-gather (losses)" same_losses "$TMP/$cell" "$base"
     check "$cell: reverse launch order = blocking all-gather (params)" same_params "$TMP/$cell" "$base"
-    rep=$(grep -m1 'forward waited per bucket' "$TMP/$cell/out.txt")
+    rep=$(grep -m1 'forward waited per bucket' "$TMP/$cell.out")
     echo "    $rep"
     check "$cell: the forward waited out of launch order" bash -c "echo '$rep' | grep -q 'reverse) order, [1-9][0-9]* of them out of launch order'"
   done
 done
-rep=$(grep -m1 'forward waited per bucket' "$TMP/n3-a2-z2o/out.txt")
+rep=$(grep -m1 'forward waited per bucket' "$TMP/n3-a2-z2o.out")
 echo "    $rep"
 check "forward order: the forward waited in launch order" bash -c "echo '$rep' | grep -q 'forward order, 0 of them out of launch order'"
 
 # ---- memory per rank ----
 for n in 1 2 4; do
-    out2="$TMP/n$n-a1-z2/out.txt"; out1="$TMP/n$n-a1-z1/out.txt"
+    out2="$TMP/n$n-a1-z2.out"; out1="$TMP/n$n-a1-z1.out"
     grep -h 'rank [0-9]* memory:\|zero_stage 2 gradients' "$out1" "$out2" | sed 's/^/    /'
     # full gradient buffer (MB) from stage 1, grads (MB) of every rank at stage 2
     full=$(grep -o 'rank 0 memory: params [0-9.]* MB, grads [0-9.]*' "$out1" | awk '{print $NF}')
@@ -125,8 +125,8 @@ done
 
 # stage-2 gradient bytes per rank (shard + working buffers, the line printed
 # after the first step) fall with N and stay below stage 1's from N = 2 on
-z2tot() { grep -o 'zero_stage 2 gradients: .* = [0-9.]* MB' "$TMP/n$1-a1-z2/out.txt" | head -1 | awk '{print $(NF-1)}'; }
-z1g=$(grep -o 'rank 0 memory: params [0-9.]* MB, grads [0-9.]*' "$TMP/n1-a1-z1/out.txt" | awk '{print $NF}')
+z2tot() { grep -o 'zero_stage 2 gradients: .* = [0-9.]* MB' "$TMP/n$1-a1-z2.out" | head -1 | awk '{print $(NF-1)}'; }
+z1g=$(grep -o 'rank 0 memory: params [0-9.]* MB, grads [0-9.]*' "$TMP/n1-a1-z1.out" | awk '{print $NF}')
 t1=$(z2tot 1); t2=$(z2tot 2); t4=$(z2tot 4)
 echo "    zero_stage 2 gradient memory per rank (shard + working buffers): N=1 ${t1:-?} MB, N=2 ${t2:-?} MB, N=4 ${t4:-?} MB; zero_stage 1: ${z1g:-?} MB"
 check "zero_stage 2: gradient memory per rank falls as N grows (N = 1, 2, 4)" \
@@ -144,7 +144,7 @@ if run "$TMP/ck" 2 --zero_stage 2 --overlap_param_gather $TB --checkpoint_every 
     dir="$TMP/resume-n$1-z$2"
     mkdir -p "$dir"; cp -r "$TMP/ck/ckpt_00000005" "$TMP/ck/log.jsonl" "$dir/"
     if run "$dir" $1 --zero_stage $2 $TB --resume; then
-        grep -m1 '^resume:' "$dir/out.txt" | sed 's/^/    /'
+        grep -m1 '^resume:' "$dir.out" | sed 's/^/    /'
         check "zero_stage 2 checkpoint resumed at N=$1 zero_stage $2: losses within 1e-6 of the uninterrupted run" close_losses "$dir" "$TMP/ck" 1e-6
         check "zero_stage 2 checkpoint resumed at N=$1 zero_stage $2: params within 1e-6 of the uninterrupted run" \
             build/compare_models "$dir/model.bin" "$TMP/ck/model.bin" --rtol 1e-6
