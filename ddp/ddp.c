@@ -1,16 +1,5 @@
 /* ddp/ddp.c — readiness counting, bucketed reductions, the param all-gather
- * (blocking or overlapped with the next forward) and the ZeRO-2 gradient
- * shard with its pool of per-bucket working buffers. See ddp.h.
- *
- * Device ordering (CUDA), by construction: every kernel here runs on the
- * compute stream; a collective is enqueued after the compute stream's work so
- * far (comm/), and comm_wait makes the compute stream wait on it. So:
- *  - a working buffer's reduce-scatter starts after the backward kernels that
- *    wrote it; the add into the shard, the zeroing for its next user and that
- *    user's kernels all follow the comm_wait on the compute stream;
- *  - an all-gather starts after AdamW wrote this rank's slice, and a forward
- *    kernel that reads a bucket is enqueued only after the comm_wait of that
- *    bucket's all-gather. */
+ * and the wiring of model, DDP and optimizer. See ddp.h. */
 #include "ddp.h"
 
 #include <stdlib.h>
@@ -18,180 +7,95 @@
 
 static size_t es_of(const DDP* d) { return dtype_size(d->be->dtype); }
 
-void ddp_init(DDP* d, const Layout* L, Comm* comm, Backend* be, int zero_stage, void* params,
-              void* grads) {
+static void ddp_init(DDP* d, const Layout* L, Comm* comm, Backend* be, const DDPConfig* cfg, void* params,
+                     void* grads) {
     memset(d, 0, sizeof *d);
-    if (zero_stage < 0 || zero_stage > 2) fatal("internal: ddp_init with zero_stage %d", zero_stage);
+    if (cfg->zero_stage < 0 || cfg->zero_stage > 2) fatal("internal: ddp_init with zero_stage %d", cfg->zero_stage);
+    if (cfg->overlap_gather && cfg->zero_stage == 0)
+        fatal("internal: overlapped all-gather at zero_stage 0 (there is no all-gather)");
+    if (cfg->gather_hold && !cfg->overlap_gather) fatal("internal: held all-gathers without overlap");
     d->L = L;
     d->comm = comm;
     d->be = be;
-    d->zero_stage = zero_stage;
+    d->cfg = *cfg;
     d->params = params;
+    d->buckets = buckets_create(L);
+    d->groups = bucket_groups_create(L);
     d->marked = xcalloc((size_t)L->nparams, 1);
-    d->bucket_pending = xcalloc((size_t)L->nbuckets, sizeof(int));
-    d->group_pending = xcalloc((size_t)L->ngroups, sizeof(int));
-    d->handles = xcalloc((size_t)L->nbuckets, sizeof(CommHandle));
-    d->launch_time = xcalloc((size_t)L->nbuckets, sizeof(double));
-    d->gather_handles = xcalloc((size_t)L->nbuckets, sizeof(CommHandle));
-    d->gather_pending = xcalloc((size_t)L->nbuckets, 1);
-    d->gather_launch_pos = xcalloc((size_t)L->nbuckets, sizeof(int));
     d->gather_order = xcalloc((size_t)L->nbuckets, sizeof(int));
-    if (zero_stage < 2) {
-        if (!grads) fatal("internal: ddp_init stage %d without a gradient buffer", zero_stage);
+    if (cfg->zero_stage < 2) {
+        if (!grads) fatal("internal: ddp_init stage %d without a gradient buffer", cfg->zero_stage);
         d->grads = grads;
         d->own = layout_opt_pieces(L, comm->rank, &d->nown);
         return;
     }
     if (grads) fatal("internal: ddp_init stage 2 with a full-size gradient buffer");
-    d->shard_off = layout_shard_offsets(L);
-    d->shard_elems = d->shard_off[L->nbuckets];
-    size_t bytes = d->shard_elems * es_of(d);
-    d->grads = be->alloc(be, bytes, MEM_GRADS);
-    be->zero(be, d->grads, bytes);
+    grad_shard_init(&d->shard, L, comm, be);
+    d->grads = d->shard.shard;
     d->own = layout_shard_pieces(L, comm->rank, &d->nown);
-    d->direct = L->world == 1;
-    if (d->direct && d->shard_elems != L->total)
-        fatal("internal: at world 1 the gradient shard (%zu) is not the whole buffer (%zu)", d->shard_elems,
-              L->total);
-    d->wslot = xmalloc(sizeof(int) * (size_t)L->nbuckets);
-    d->rslot = xmalloc(sizeof(int) * (size_t)L->nbuckets);
-    d->fifo = xmalloc(sizeof(int) * (size_t)L->nbuckets);
-    for (int b = 0; b < L->nbuckets; b++) d->wslot[b] = d->rslot[b] = -1;
-    /* regular slots fit every bucket but the largest */
-    int big = 0;
-    for (int b = 1; b < L->nbuckets; b++)
-        if (L->buckets[b].len > L->buckets[big].len) big = b;
-    for (int b = 0; b < L->nbuckets; b++)
-        if (b != big && L->buckets[b].len > d->slot_cap) d->slot_cap = L->buckets[b].len;
+    d->sharded = !d->shard.direct;
 }
 
-void ddp_set_gather(DDP* d, int overlap, int reverse_order, int hold) {
-    if (overlap && d->zero_stage == 0)
-        fatal("internal: overlapped all-gather at zero_stage 0 (there is no all-gather)");
-    if (hold && !overlap) fatal("internal: held all-gathers without overlap");
-    d->overlap_gather = overlap;
-    d->gather_reverse = reverse_order;
-    d->gather_hold = hold;
-}
-
-void ddp_set_grad_table(DDP* d, void** grad_ptr) {
-    if (d->zero_stage != 2) fatal("internal: ddp_set_grad_table at zero_stage %d", d->zero_stage);
-    const Layout* L = d->L;
-    d->grad_ptr = grad_ptr;
-    for (int li = 0; li < L->nparams; li++)
-        grad_ptr[li] = d->direct ? (char*)d->grads + L->params[li].offset * es_of(d) : NULL;
+void ddp_setup(DDP* d, Optimizer* opt, GPT2* m, Comm* comm, const DDPConfig* cfg) {
+    const Layout* L = m->layout;
+    if (m->shard_grads != (cfg->zero_stage == 2))
+        fatal("internal: ddp_setup: the model was bound %s a full gradient buffer at zero_stage %d",
+              m->shard_grads ? "without" : "with", cfg->zero_stage);
+    ddp_init(d, L, comm, m->be, cfg, m->params, m->grads);
+    m->need_params = ddp_need_params;   /* waits only for an overlapped all-gather */
+    m->need_params_ctx = d;
+    int n;
+    OptPiece* pieces;
+    if (cfg->zero_stage == 2) {
+        d->grad_ptr = m->grad_ptr;
+        for (int li = 0; li < L->nparams; li++) d->grad_ptr[li] = grad_shard_param_ptr(&d->shard, d->buckets, li);
+        m->need_grads = ddp_need_grads;
+        m->need_grads_ctx = d;
+        pieces = layout_shard_pieces(L, comm->rank, &n);
+    } else {
+        pieces = layout_opt_pieces(L, cfg->zero_stage == 1 ? comm->rank : -1, &n);
+    }
+    optimizer_init(opt, m->be, pieces, n, m->params);
 }
 
 void ddp_begin_micro_step(DDP* d, int is_last) {
     const Layout* L = d->L;
     d->last_micro = is_last;
-    d->backward_start_time = wall_time_s();
-    d->launched = 0;
+    d->micro_start = wall_time_s();
     memset(d->marked, 0, (size_t)L->nparams);
-    for (int b = 0; b < L->nbuckets; b++) d->bucket_pending[b] = L->buckets[b].nparams;
-    for (int g = 0; g < L->ngroups; g++)
-        d->group_pending[g] = L->group_first_bucket[g + 1] - L->group_first_bucket[g];
-}
-
-/* ------------------------------------------------------ ZeRO-2 working buffers */
-
-/* Complete the oldest in-flight reduce-scatter: wait, add this rank's
- * reduced slice into the shard, free its working buffer. */
-static void zero2_complete_oldest(DDP* d) {
-    const Layout* L = d->L;
-    if (d->fifo_n == 0) fatal("internal: no reduce-scatter in flight to complete");
-    int b = d->fifo[d->fifo_head];
-    d->fifo_head = (d->fifo_head + 1) % L->nbuckets;
-    d->fifo_n--;
-    comm_wait(d->comm, &d->handles[b]);
-    const LayoutBucket* bk = &L->buckets[b];
-    DDPSlot* s = &d->slots[d->rslot[b]];
-    size_t es = es_of(d);
-    char* dst = (char*)d->grads + d->shard_off[b] * es;
-    const char* src = (const char*)s->buf + (size_t)d->comm->rank * bk->slice_len * es;
-    /* shard += reduced slice (the shard is zeroed at the end of each step, so
-     * the first micro-step's add is exact: 0 + x = x) */
-    d->be->residual_forward(d->be, dst, dst, src, bk->slice_len);
-    s->bucket = -1;
-    d->rslot[b] = -1;
-}
-
-/* A zeroed working buffer for bucket b, and the model's grad pointers of its
- * tensors into it. */
-static void zero2_acquire(DDP* d, int b) {
-    const Layout* L = d->L;
-    if (d->wslot[b] >= 0) return;
-    if (d->ngather_pending)
-        fatal("internal: backward writes gradients while %d all-gathers are outstanding", d->ngather_pending);
-    while (d->rslot[b] >= 0) zero2_complete_oldest(d);   /* its previous micro-step's reduction first */
-    const LayoutBucket* bk = &L->buckets[b];
-    for (;;) {
-        int best = -1;
-        for (int i = 0; i < d->nslots; i++)
-            if (d->slots[i].bucket < 0 && d->slots[i].cap >= bk->len &&
-                (best < 0 || d->slots[i].cap < d->slots[best].cap))
-                best = i;
-        if (best >= 0) {
-            d->wslot[b] = best;
-            break;
-        }
-        if (d->fifo_n >= DDP_ZERO2_INFLIGHT) {
-            zero2_complete_oldest(d);
-            continue;
-        }
-        DDPSlot* ns = realloc(d->slots, sizeof(DDPSlot) * (size_t)(d->nslots + 1));
-        if (!ns) fatal("out of host memory growing the gradient working-buffer pool");
-        d->slots = ns;
-        DDPSlot* s = &d->slots[d->nslots];
-        s->cap = bk->len > d->slot_cap ? bk->len : d->slot_cap;
-        s->buf = d->be->alloc(d->be, s->cap * es_of(d), MEM_GRADS);
-        s->bucket = -1;
-        d->work_bytes += s->cap * es_of(d);
-        d->wslot[b] = d->nslots++;
-        break;
-    }
-    DDPSlot* s = &d->slots[d->wslot[b]];
-    s->bucket = b;
-    size_t es = es_of(d);
-    d->be->zero(d->be, s->buf, bk->len * es);   /* kernels accumulate (+=); padding stays 0 */
-    for (int li = bk->first_param; li < bk->first_param + bk->nparams; li++)
-        d->grad_ptr[li] = (char*)s->buf + (L->params[li].offset - bk->start) * es;
-}
-
-void ddp_need_grads(void* ctx, const int* li, int n) {
-    DDP* d = ctx;
-    if (d->zero_stage != 2 || d->direct) return;
-    if (!d->grad_ptr) fatal("internal: ddp_need_grads before ddp_set_grad_table");
-    for (int i = 0; i < n; i++) {
-        if (li[i] < 0 || li[i] >= d->L->nparams) fatal("internal: ddp_need_grads(%d) out of range", li[i]);
-        zero2_acquire(d, d->L->params[li[i]].bucket);
-    }
+    for (int b = 0; b < L->nbuckets; b++) bucket_begin_micro_step(&d->buckets[b]);
+    for (int g = 0; g < L->ngroups; g++) bucket_group_begin_micro_step(&d->groups[g]);
 }
 
 /* ------------------------------------------------------------ reductions */
 
-static void launch_bucket(DDP* d, int b) {
+void ddp_need_grads(void* ctx, const int* li, int n) {
+    DDP* d = ctx;
+    if (!d->sharded) return;
     const Layout* L = d->L;
-    const LayoutBucket* bk = &L->buckets[b];
-    if (d->zero_stage == 2 && !d->direct) {
-        int s = d->wslot[b];
-        if (s < 0) fatal("internal: bucket %d complete but backward never wrote into it", b);
-        comm_reduce_scatter(d->comm, d->slots[s].buf, bk->len, d->be->dtype, 0, &d->handles[b]);
-        d->rslot[b] = s;
-        d->wslot[b] = -1;
-        d->fifo[(d->fifo_head + d->fifo_n) % L->nbuckets] = b;
-        d->fifo_n++;
-        /* complete: nothing may write its gradients again this micro-step */
-        for (int li = bk->first_param; li < bk->first_param + bk->nparams; li++) d->grad_ptr[li] = NULL;
-    } else {
-        void* p = (char*)d->grads + bk->start * es_of(d);
-        if (d->zero_stage == 0)
-            comm_allreduce(d->comm, p, bk->len, d->be->dtype, 0, &d->handles[b]);
-        else
-            comm_reduce_scatter(d->comm, p, bk->len, d->be->dtype, 0, &d->handles[b]);
+    for (int i = 0; i < n; i++) {
+        if (li[i] < 0 || li[i] >= L->nparams) fatal("internal: ddp_need_grads(%d) out of range", li[i]);
+        int b = L->params[li[i]].bucket;
+        if (d->buckets[b].wslot >= 0) continue;
+        if (d->ngather_pending)
+            fatal("internal: backward writes gradients while %d all-gathers are outstanding", d->ngather_pending);
+        grad_shard_acquire(&d->shard, d->buckets, b);
+        const LayoutBucket* lb = d->buckets[b].lb;
+        for (int p = lb->first_param; p < lb->first_param + lb->nparams; p++)
+            d->grad_ptr[p] = grad_shard_param_ptr(&d->shard, d->buckets, p);
     }
-    d->launch_time[b] = wall_time_s() - d->backward_start_time;
-    d->launched++;
+}
+
+static void launch_bucket(DDP* d, int b) {
+    Bucket* bk = &d->buckets[b];
+    if (d->sharded) {
+        grad_shard_reduce(&d->shard, d->buckets, b, d->micro_start);
+        /* complete: nothing may write its gradients again this micro-step */
+        for (int p = bk->lb->first_param; p < bk->lb->first_param + bk->lb->nparams; p++) d->grad_ptr[p] = NULL;
+    } else {
+        bucket_reduce_launch(bk, d->comm, (char*)d->grads + bk->lb->start * es_of(d), d->be->dtype,
+                             d->cfg.zero_stage == 0, d->micro_start);
+    }
 }
 
 void ddp_param_ready(void* ctx, int li) {
@@ -204,59 +108,50 @@ void ddp_param_ready(void* ctx, int li) {
               d->ngather_pending);
     d->marked[li] = 1;
     /* keep the reductions already launched moving while backward computes */
-    for (int bb = 0; bb < L->nbuckets; bb++) comm_progress(d->comm, &d->handles[bb]);
-    int b = L->params[li].bucket;
-    if (--d->bucket_pending[b] > 0) return;
-    int g = L->buckets[b].group;
-    if (--d->group_pending[g] > 0) return;
+    for (int b = 0; b < L->nbuckets; b++) comm_progress(d->comm, &d->buckets[b].reduce);
+    Bucket* bk = &d->buckets[L->params[li].bucket];
+    if (--bk->pending > 0) return;
+    BucketGroup* g = &d->groups[bk->lb->group];
+    if (--g->pending > 0) return;
     /* stages 0, 1 (and stage 2 at world 1, which accumulates in place):
      * earlier micro-steps only accumulate; stage 2 reduces every micro-step */
-    int every_micro = d->zero_stage == 2 && !d->direct;
-    if (!d->last_micro && !every_micro) return;
-    for (int bb = L->group_first_bucket[g]; bb < L->group_first_bucket[g + 1]; bb++)
-        launch_bucket(d, bb);
+    if (!d->last_micro && !d->sharded) return;
+    for (int b = g->first; b < g->first + g->n; b++) launch_bucket(d, b);
 }
 
 void ddp_finish_reductions(DDP* d) {
     const Layout* L = d->L;
-    d->backward_end_time = wall_time_s() - d->backward_start_time;
-    for (int b = 0; b < L->nbuckets; b++)
-        if (d->bucket_pending[b] != 0)
-            fatal("internal: bucket %d has %d parameters never marked ready", b, d->bucket_pending[b]);
-    if (d->launched != L->nbuckets)
-        fatal("internal: %d of %d buckets launched", d->launched, L->nbuckets);
-    if (d->zero_stage == 2 && !d->direct) {
-        while (d->fifo_n > 0) zero2_complete_oldest(d);
-        for (int b = 0; b < L->nbuckets; b++)
-            if (d->wslot[b] >= 0) fatal("internal: bucket %d still holds a working buffer", b);
+    d->backward_end = wall_time_s() - d->micro_start;
+    for (int b = 0; b < L->nbuckets; b++) {
+        if (d->buckets[b].pending != 0)
+            fatal("internal: bucket %d has %d parameters never marked ready", b, d->buckets[b].pending);
+        if (!d->buckets[b].launched) fatal("internal: bucket %d was never launched", b);
+    }
+    if (d->sharded) {
+        grad_shard_drain(&d->shard, d->buckets);
         return;
     }
-    for (int b = 0; b < L->nbuckets; b++) comm_wait(d->comm, &d->handles[b]);
+    for (int b = 0; b < L->nbuckets; b++) comm_wait(d->comm, &d->buckets[b].reduce);
 }
 
 double ddp_grad_sumsq(DDP* d) { return d->be->grad_sumsq(d->be, d->grads, d->own, d->nown); }
 
 void ddp_zero_grads(DDP* d) {
-    size_t elems = d->zero_stage == 2 ? d->shard_elems : d->L->total;
-    d->be->zero(d->be, d->grads, elems * es_of(d));
+    if (d->cfg.zero_stage == 2) grad_shard_zero(&d->shard);
+    else d->be->zero(d->be, d->grads, d->L->total * es_of(d));
 }
 
 /* ------------------------------------------------------------- all-gather */
 
 /* Launch the all-gathers at launch positions [gather_launched, upto). */
 static void gather_launch_upto(DDP* d, int upto) {
-    const Layout* L = d->L;
-    size_t es = es_of(d);
-    for (; d->gather_launched < upto; d->gather_launched++) {
-        int b = d->gather_order[d->gather_launched];
-        comm_allgather(d->comm, (char*)d->params + L->buckets[b].start * es, L->buckets[b].len, d->be->dtype,
-                       &d->gather_handles[b]);
-    }
+    for (; d->gather_launched < upto; d->gather_launched++)
+        bucket_gather_launch(&d->buckets[d->gather_order[d->gather_launched]], d->comm, d->params, d->be->dtype);
 }
 
 void ddp_gather_params(DDP* d) {
     const Layout* L = d->L;
-    if (d->zero_stage == 0) fatal("internal: ddp_gather_params at zero_stage 0");
+    if (d->cfg.zero_stage == 0) return;
     ddp_wait_gathers(d);   /* (none outstanding in a normal step: the forward waited for all) */
     /* Forward order: the buckets are laid out in backward-finish order, so
      * forward meets them in descending bucket index (the embeddings' buckets,
@@ -264,31 +159,31 @@ void ddp_gather_params(DDP* d) {
      * the final layernorm's, bucket 0, last). The tied wte is read again by
      * the classifier at the end: its buckets are complete by then. */
     for (int k = 0; k < L->nbuckets; k++) {
-        int b = d->gather_reverse ? k : L->nbuckets - 1 - k;
+        int b = d->cfg.gather_reverse ? k : L->nbuckets - 1 - k;
         d->gather_order[k] = b;
-        d->gather_pending[b] = 1;
-        d->gather_launch_pos[b] = k;
+        d->buckets[b].gather_pending = 1;
+        d->buckets[b].gather_pos = k;
     }
     d->gather_launched = 0;
-    if (!d->gather_hold) gather_launch_upto(d, L->nbuckets);
+    if (!d->cfg.gather_hold) gather_launch_upto(d, L->nbuckets);
     d->ngather_pending = L->nbuckets;
     d->gather_next_pos = 0;
     d->gather_out_of_order = 0;
     d->gather_waits = 0;
     d->gather_wait_s = 0.0;
-    if (!d->overlap_gather) ddp_wait_gathers(d);
+    if (!d->cfg.overlap_gather) ddp_wait_gathers(d);
 }
 
-static void gather_wait_bucket(DDP* d, int b) {
-    if (!d->gather_pending[b]) return;
-    if (d->gather_launch_pos[b] != d->gather_next_pos) d->gather_out_of_order++;
-    d->gather_next_pos = d->gather_launch_pos[b] + 1;
-    gather_launch_upto(d, d->gather_launch_pos[b] + 1);   /* (held launches: up to this one) */
+static void gather_wait_bucket(DDP* d, Bucket* bk) {
+    if (!bk->gather_pending) return;
+    if (bk->gather_pos != d->gather_next_pos) d->gather_out_of_order++;
+    d->gather_next_pos = bk->gather_pos + 1;
+    gather_launch_upto(d, bk->gather_pos + 1);   /* (held launches: up to this one) */
     double t0 = wall_time_s();
-    comm_wait(d->comm, &d->gather_handles[b]);
+    comm_wait(d->comm, &bk->gather);
     d->gather_wait_s += wall_time_s() - t0;
     d->gather_waits++;
-    d->gather_pending[b] = 0;
+    bk->gather_pending = 0;
     d->ngather_pending--;
 }
 
@@ -300,34 +195,30 @@ void ddp_need_params(void* ctx, const int* li, int n) {
      * several), waited for in launch order: a kernel that needs several
      * buckets takes them as the network delivers them */
     int fixed[16];
-    int* bk = n <= 16 ? fixed : xmalloc(sizeof(int) * (size_t)n);
+    int* bks = n <= 16 ? fixed : xmalloc(sizeof(int) * (size_t)n);
     int nb = 0;
     for (int i = 0; i < n; i++) {
         if (li[i] < 0 || li[i] >= L->nparams) fatal("internal: ddp_need_params(%d) out of range", li[i]);
         int b = L->params[li[i]].bucket;   /* the bucket the tensor lives in */
-        if (!d->gather_pending[b]) continue;
+        if (!d->buckets[b].gather_pending) continue;
         int j = nb++;
-        while (j > 0 && d->gather_launch_pos[bk[j - 1]] > d->gather_launch_pos[b]) {
-            bk[j] = bk[j - 1];
+        while (j > 0 && d->buckets[bks[j - 1]].gather_pos > d->buckets[b].gather_pos) {
+            bks[j] = bks[j - 1];
             j--;
         }
-        bk[j] = b;
+        bks[j] = b;
     }
     for (int k = 0; k < nb; k++)
-        if (k == 0 || bk[k] != bk[k - 1]) gather_wait_bucket(d, bk[k]);
-    if (bk != fixed) free(bk);
+        if (k == 0 || bks[k] != bks[k - 1]) gather_wait_bucket(d, &d->buckets[bks[k]]);
+    if (bks != fixed) free(bks);
     /* the all-gathers still in flight progress while this kernel computes */
     for (int b = 0; b < L->nbuckets && d->ngather_pending; b++)
-        if (d->gather_pending[b]) comm_progress(d->comm, &d->gather_handles[b]);
+        if (d->buckets[b].gather_pending) comm_progress(d->comm, &d->buckets[b].gather);
 }
 
 void ddp_wait_gathers(DDP* d) {
-    const Layout* L = d->L;
     if (d->ngather_pending == 0) return;
-    /* in launch order */
-    for (int k = 0; k < L->nbuckets; k++)
-        for (int b = 0; b < L->nbuckets; b++)
-            if (d->gather_pending[b] && d->gather_launch_pos[b] == k) gather_wait_bucket(d, b);
+    for (int k = 0; k < d->L->nbuckets; k++) gather_wait_bucket(d, &d->buckets[d->gather_order[k]]);
 }
 
 /* ---------------------------------------------------------------- reports */
@@ -341,49 +232,28 @@ void ddp_overlap_report(const DDP* d, FILE* f) {
             if (!shown++) fprintf(f, " ...");
             continue;
         }
-        fprintf(f, " %.1f", 1000.0 * d->launch_time[b]);
+        fprintf(f, " %.1f", 1000.0 * d->buckets[b].launch_time);
     }
-    fprintf(f, " ms of a %.1f ms forward+backward (last micro-step)\n", 1000.0 * d->backward_end_time);
-    if (d->overlap_gather && d->gather_waits > 0)
+    fprintf(f, " ms of a %.1f ms forward+backward (last micro-step)\n", 1000.0 * d->backward_end);
+    if (d->cfg.overlap_gather && d->gather_waits > 0)
         fprintf(f, "overlap: forward waited per bucket on %d all-gathers launched in %s order, %d of them out of "
                 "launch order, %.2f ms blocked\n",
-                d->gather_waits, d->gather_reverse ? "bucket (reverse)" : "forward", d->gather_out_of_order,
+                d->gather_waits, d->cfg.gather_reverse ? "bucket (reverse)" : "forward", d->gather_out_of_order,
                 1000.0 * d->gather_wait_s);
 }
 
-void ddp_zero2_report(const DDP* d, int rank, FILE* f) {
-    if (d->zero_stage != 2) return;
-    size_t es = es_of(d);
-    size_t full = d->L->total * es;
-    fprintf(f, "rank %d zero_stage 2 gradients: shard %.2f MB + %d working buffer(s) %.2f MB = %.2f MB "
-            "(a full gradient buffer: %.2f MB)\n",
-            rank, (double)(d->shard_elems * es) / 1048576.0, d->nslots, (double)d->work_bytes / 1048576.0,
-            (double)(d->shard_elems * es + d->work_bytes) / 1048576.0, (double)full / 1048576.0);
+void ddp_memory_report(const DDP* d, int rank, FILE* f) {
+    if (d->cfg.zero_stage == 2) grad_shard_report(&d->shard, rank, f);
 }
 
 void ddp_free(DDP* d) {
     if (!d->L) return;
     ddp_wait_gathers(d);
-    if (d->zero_stage == 2) {
-        while (d->fifo_n > 0) zero2_complete_oldest(d);
-        for (int i = 0; i < d->nslots; i++)
-            d->be->release(d->be, d->slots[i].buf, d->slots[i].cap * es_of(d), MEM_GRADS);
-        if (d->grads) d->be->release(d->be, d->grads, d->shard_elems * es_of(d), MEM_GRADS);
-    }
-    free(d->slots);
-    free(d->wslot);
-    free(d->rslot);
-    free(d->fifo);
-    free(d->shard_off);
+    if (d->cfg.zero_stage == 2) grad_shard_free(&d->shard, d->buckets);
     free(d->own);
+    free(d->buckets);
+    free(d->groups);
     free(d->marked);
-    free(d->bucket_pending);
-    free(d->group_pending);
-    free(d->handles);
-    free(d->launch_time);
-    free(d->gather_handles);
-    free(d->gather_pending);
-    free(d->gather_launch_pos);
     free(d->gather_order);
     memset(d, 0, sizeof *d);
 }

@@ -322,6 +322,7 @@ OptPiece* layout_opt_pieces(const Layout* L, int rank, int* n) {
         size_t state = 0;
         for (int p = 0; p < L->nparams; p++) {
             out[p].buf_off = L->params[p].offset;
+            out[p].grad_off = L->params[p].offset;
             out[p].state_off = state;
             out[p].len = L->params[p].numel;
             out[p].decay = L->params[p].decay;
@@ -334,6 +335,7 @@ OptPiece* layout_opt_pieces(const Layout* L, int rank, int* n) {
     OptPiece* out = xmalloc((size_t)(b - a) * sizeof *out); /* non-NULL even when empty */
     for (int k = a; k < b; k++) {
         out[k - a].buf_off = L->pieces[k].buf_off;
+        out[k - a].grad_off = L->pieces[k].buf_off;
         out[k - a].state_off = L->pieces[k].state_off;
         out[k - a].len = L->pieces[k].len;
         out[k - a].decay = L->pieces[k].decay;
@@ -423,7 +425,7 @@ OptPiece* layout_shard_pieces(const Layout* L, int rank, int* n) {
         size_t slice_start = bk->start + (size_t)rank * bk->slice_len;
         if (pc->buf_off < slice_start || pc->buf_off + pc->len > slice_start + bk->slice_len)
             fatal("internal: piece %d of rank %d lies outside its slice of bucket %d", k, rank, b);
-        out[k].buf_off = off[b] + (pc->buf_off - slice_start);
+        out[k].grad_off = off[b] + (pc->buf_off - slice_start);
     }
     free(off);
     if (n) *n = np;

@@ -1,7 +1,7 @@
 /* ddp/layout.h — the flat parameter/gradient buffer, its buckets and each
  * rank's shard of it. Pure arithmetic: no MPI, no device, unit-testable.
  *
- * Rules (see ../shared/DESIGN.md):
+ * Rules (docs/ARCHITECTURE.md names the terms; docs/ZERO.md explains them):
  *  - Parameters are placed in the order given (the caller gives them in the
  *    order backward finishes their gradients), each starting at an offset that
  *    is a multiple of `align` elements.
@@ -17,7 +17,7 @@
  *    holds its pieces back to back (state_off), with no padding.
  *  - Bucket groups: consecutive runs of `buckets_per_group` buckets whose
  *    reductions are launched together.
- *  - Row chunks (added for ZeRO-2, issue 8): a spec with row_len > 0 that
+ *  - Row chunks: a spec with row_len > 0 that
  *    holds more than bucket_size elements is cut into consecutive chunks of
  *    whole rows (layout_chunk_rows), each a layout parameter of its own that
  *    starts its own bucket. Every chunk but the last has a length divisible
@@ -38,7 +38,7 @@ typedef struct {
     const char* name;   /* for messages; not copied: must outlive the layout */
     size_t numel;       /* > 0 */
     int decay;          /* weight decay applies to it */
-    /* ---- added for ZeRO-2 (issue 8); 0 = as before (zero-initialise specs) ---- */
+    /* optional (zero-initialise the specs): */
     size_t row_len;     /* > 0: a matrix of numel / row_len rows (row_len must divide numel)
                          * that may be cut into row chunks (see above); 0: never cut */
     size_t row_align;   /* row chunks: their row counts are also multiples of this (0 or 1:
@@ -52,7 +52,6 @@ typedef struct {
     size_t numel;
     int bucket;         /* the bucket that holds it */
     int decay;
-    /* ---- added for ZeRO-2 (issue 8) ---- */
     int spec;           /* the spec it comes from (its index in layout_build's specs) */
     size_t spec_off;    /* element offset inside that spec's parameter: 0, or where this row
                          * chunk starts (a multiple of row_len) */
@@ -95,7 +94,7 @@ typedef struct {
     LayoutPiece* pieces;
     int* rank_first_piece;    /* [world + 1] */
     size_t* rank_owned;       /* [world]: parameter elements rank r owns */
-    int nspecs;               /* (added, issue 8) specs it was built from; <= nparams */
+    int nspecs;               /* specs it was built from; <= nparams */
 } Layout;
 
 /* Builds the layout from nparams specs (L->nparams counts the parameters
@@ -107,10 +106,11 @@ int layout_build(Layout* L, const LayoutParamSpec* specs, int nparams, size_t bu
                  int buckets_per_group, int world, size_t align, char* err, size_t errlen);
 void layout_free(Layout* L);
 
-/* The pieces rank r owns, as OptPieces (state_off in r's state), in a newly
- * allocated array; *n receives the count. rank = -1 gives the pieces of the
- * whole buffer as one rank would own them (DDP: full optimizer state on every
- * rank), with state_off running over all parameters. Caller frees. */
+/* The pieces rank r owns, as OptPieces (state_off in r's state, grad_off =
+ * buf_off: the gradients in a full flat buffer), in a newly allocated array;
+ * *n receives the count. rank = -1 gives the pieces of the whole buffer as one
+ * rank would own them (DDP: full optimizer state on every rank), with
+ * state_off running over all parameters. Caller frees. */
 OptPiece* layout_opt_pieces(const Layout* L, int rank, int* n);
 
 /* Parameter elements owned by rank r (sum of its pieces' lengths). */
@@ -119,17 +119,18 @@ size_t layout_owned(const Layout* L, int rank);
 /* Print the layout summary (buckets, padding, per-rank ownership) to f. */
 void layout_print(const Layout* L, FILE* f);
 
-/* ---- Added for ZeRO-2 (issue 8) ----
+/* ---- The gradient shard (ZeRO-2) ----
  * A rank that keeps only its own slice of every bucket's gradient stores the
  * slices back to back in a "shard": bucket b's slice starts at
  * shard_off[b] = the sum of slice_len over the buckets before b, and the
  * shard holds shard_off[nbuckets] = total / world elements. */
 size_t* layout_shard_offsets(const Layout* L);   /* [nbuckets + 1]; caller frees */
-/* Rank r's pieces, exactly as layout_opt_pieces(L, r) (same order, length,
- * state_off, decay), but with buf_off an element offset in r's shard. */
+/* Rank r's pieces, exactly as layout_opt_pieces(L, r) (same order, buf_off,
+ * length, state_off, decay), but with grad_off the element offset of the
+ * piece's gradient in r's shard. */
 OptPiece* layout_shard_pieces(const Layout* L, int rank, int* n);
 
-/* ---- Added for ZeRO-2's embedding chunks (issue 8) ----
+/* ---- Row chunks ----
  * The rows per chunk when a spec of `rows` rows of row_len elements (row
  * alignment row_align, as in the spec) is laid out with (bucket_size, world,
  * align); `rows` itself when it is not cut (rows * row_len <= bucket_size).

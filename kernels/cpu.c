@@ -882,7 +882,7 @@ static double cpu_grad_sumsq(Backend* be, const void* grads_, const OptPiece* pi
     size_t k = 0;
     for (int p = 0; p < npieces; p++)
         for (size_t off = 0; off < pieces[p].len; off += SUMSQ_CHUNK) {
-            start[k] = pieces[p].buf_off + off;
+            start[k] = pieces[p].grad_off + off;
             len[k] = pieces[p].len - off < SUMSQ_CHUNK ? pieces[p].len - off : SUMSQ_CHUNK;
             k++;
         }
@@ -913,7 +913,7 @@ static void cpu_adamw(Backend* be, void* params_, const void* grads_, float* mas
     for (int p = 0; p < npieces; p++) {
         const OptPiece pc = pieces[p];
         float* pp = params + pc.buf_off;
-        const float* gp = grads + pc.buf_off;
+        const float* gp = grads + pc.grad_off;
         float* ms = master + pc.state_off;
         float* mm = m + pc.state_off;
         float* vv = v + pc.state_off;

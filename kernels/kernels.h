@@ -35,7 +35,10 @@ const char* dtype_name(DType d);
 /* One contiguous run of a parameter inside the flat buffers, as the optimizer
  * and the grad norm see it (built by ddp/layout.c). */
 typedef struct {
-    size_t buf_off;    /* element offset in the flat param/grad buffers */
+    size_t buf_off;    /* element offset in the flat param buffer */
+    size_t grad_off;   /* element offset of its gradient in the gradient buffer handed to the
+                        * kernel: buf_off in a full flat gradient buffer, or its place in a
+                        * ZeRO-2 gradient shard */
     size_t state_off;  /* element offset in this rank's optimizer state (master, m, v) */
     size_t len;        /* elements */
     int decay;         /* 1: apply weight decay (matmul weights, embeddings) */
@@ -128,10 +131,10 @@ struct Backend {
     void (*gelu_backward)(Backend* be, void* dinp, const void* inp, const void* dout, size_t n);
 
     /* ---- optimizer ---- */
-    /* Sum of squares (in double where the backend can) of grads over the
-     * pieces, deterministic; returned on the host. */
+    /* Sum of squares (in double where the backend can) of the gradients of
+     * the pieces (grads + grad_off), deterministic; returned on the host. */
     double (*grad_sumsq)(Backend* be, const void* grads, const OptPiece* pieces, int npieces);
-    /* AdamW on every piece: g = grad * grad_scale; m, v, master updated at
+    /* AdamW on every piece: g = grads[grad_off..] * grad_scale; m, v, master updated at
      * state_off; weight decay decoupled (master -= lr * wd * master) only when
      * piece.decay; then params[buf_off..] = master (stochastically rounded when
      * X is bf16). master/m/v are fp32 arrays of this rank's optimizer state. */

@@ -2,7 +2,6 @@
 #include "optimizer.h"
 
 #include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,50 +23,11 @@ void optimizer_init(Optimizer* o, Backend* be, OptPiece* pieces, int npieces, co
                      (const char*)params + pieces[i].buf_off * es, pieces[i].len);
 }
 
-void optimizer_set_grad_pieces(Optimizer* o, const OptPiece* gp, int n) {
-    if (n != o->npieces) fatal("internal: %d gradient pieces for %d optimizer pieces", n, o->npieces);
-    free(o->run_first);
-    free(o->run_n);
-    free(o->run_shift);
-    o->run_first = xmalloc(sizeof(int) * (size_t)(n ? n : 1));
-    o->run_n = xmalloc(sizeof(int) * (size_t)(n ? n : 1));
-    o->run_shift = xmalloc(sizeof(long long) * (size_t)(n ? n : 1));
-    o->nruns = 0;
-    for (int i = 0; i < n; i++) {
-        if (gp[i].len != o->pieces[i].len || gp[i].state_off != o->pieces[i].state_off)
-            fatal("internal: gradient piece %d does not match optimizer piece %d", i, i);
-        long long shift = (long long)gp[i].buf_off - (long long)o->pieces[i].buf_off;
-        if (o->nruns > 0 && o->run_shift[o->nruns - 1] == shift) {
-            o->run_n[o->nruns - 1]++;
-            continue;
-        }
-        o->run_first[o->nruns] = i;
-        o->run_n[o->nruns] = 1;
-        o->run_shift[o->nruns] = shift;
-        o->nruns++;
-    }
-}
-
 void optimizer_step(Optimizer* o, void* params, const void* grads, float lr, float beta1,
                     float beta2, float eps, float weight_decay, float grad_scale, uint32_t seed) {
     o->t++;
     AdamWArgs a = {lr, beta1, beta2, eps, weight_decay, grad_scale, o->t, seed};
-    if (o->nruns == 0) {
-        o->be->adamw(o->be, params, grads, o->master, o->m, o->v, o->pieces, o->npieces, &a);
-        return;
-    }
-    /* The kernel reads a piece's gradient at grads + buf_off, with the
-     * param's buf_off. For a run whose gradients sit `shift` elements from
-     * there, hand it grads + shift: an address that may lie before the
-     * shard (shift < 0), formed in integer arithmetic, at which the kernel
-     * only ever reads base + buf_off, inside the shard. This keeps the one
-     * kernel interface and stage 1's exact update and rounding. */
-    size_t es = dtype_size(o->be->dtype);
-    for (int r = 0; r < o->nruns; r++) {
-        uintptr_t base = (uintptr_t)grads + (uintptr_t)(o->run_shift[r] * (long long)es);
-        o->be->adamw(o->be, params, (const void*)base, o->master, o->m, o->v, o->pieces + o->run_first[r],
-                     o->run_n[r], &a);
-    }
+    o->be->adamw(o->be, params, grads, o->master, o->m, o->v, o->pieces, o->npieces, &a);
 }
 
 void optimizer_free(Optimizer* o) {
@@ -78,9 +38,6 @@ void optimizer_free(Optimizer* o) {
         o->be->release(o->be, o->v, bytes, MEM_ADAM_V);
     }
     free(o->pieces);
-    free(o->run_first);
-    free(o->run_n);
-    free(o->run_shift);
     memset(o, 0, sizeof *o);
 }
 

@@ -1,18 +1,19 @@
-/* zero/optimizer.h — the (distributed) AdamW optimizer.
+/* zero/optimizer.h — the (distributed) AdamW optimizer and the learning-rate
+ * schedule.
  *
- * One mechanism for both stages: the optimizer keeps fp32 master weights and
- * the two AdamW moments for a list of pieces of the flat buffer, back to back
- * (OptPiece.state_off), and updates exactly those elements.
- *   zero_stage 0 (DDP): the pieces are every parameter (layout_opt_pieces(L, -1)):
- *                       full optimizer state on every rank, 16 bytes/param.
- *   zero_stage 1:       the pieces are this rank's slices (layout_opt_pieces(L, rank)):
- *                       12/N bytes/param of state; afterwards the param buffer
- *                       is all-gathered bucket by bucket (ddp/ddp.c).
- *   zero_stage 2:       the same pieces and state as stage 1, but the reduced
- *                       gradients live in this rank's shard (ddp/ddp.h), not
- *                       at the pieces' buf_off in a full-size buffer:
- *                       optimizer_set_grad_pieces() says where.
- * The learning-rate schedule lives here too. */
+ * One mechanism for every zero stage: the optimizer keeps fp32 master weights
+ * and the two AdamW moments for a list of pieces of the flat buffer, back to
+ * back (OptPiece.state_off), and updates exactly those elements. Each piece
+ * says where its param is (buf_off, in the param buffer) and where its
+ * gradient is (grad_off, in the gradient buffer handed to optimizer_step):
+ *   zero_stage 0 (DDP): every parameter (layout_opt_pieces(L, -1)), gradients
+ *                       in the full flat buffer: full optimizer state on every
+ *                       rank, 16 bytes/param;
+ *   zero_stage 1:       this rank's slices (layout_opt_pieces(L, rank)), the
+ *                       same full gradient buffer: 12/N bytes/param of state;
+ *   zero_stage 2:       the same pieces as stage 1, gradients in this rank's
+ *                       shard (layout_shard_pieces(L, rank)).
+ * After a step at stage 1 or 2 the param buffer is all-gathered (ddp/). */
 #ifndef ZERO_OPTIMIZER_H
 #define ZERO_OPTIMIZER_H
 
@@ -20,30 +21,19 @@
 
 typedef struct {
     Backend* be;
-    OptPiece* pieces;     /* host copy */
+    OptPiece* pieces;       /* host copy, owned */
     int npieces;
-    size_t nstate;        /* elements of state: sum of piece lengths */
+    size_t nstate;          /* elements of state: sum of piece lengths */
     float *master, *m, *v;  /* backend memory, nstate each */
-    int t;                /* steps taken */
-    /* gradient placement (optimizer_set_grad_pieces): runs of consecutive
-     * pieces whose gradient sits at grads + buf_off + shift (elements);
-     * nruns 0 = shift 0 for all */
-    int nruns;
-    int *run_first, *run_n;
-    long long* run_shift;
+    int t;                  /* steps taken */
 } Optimizer;
 
-/* Takes ownership of pieces; master <- the current params of the pieces. */
+/* Takes ownership of pieces; master <- the current params of the pieces
+ * (call it once the params hold their initial or loaded values). */
 void optimizer_init(Optimizer* o, Backend* be, OptPiece* pieces, int npieces, const void* params);
-/* ZeRO-2: piece i's gradient is at grads + grad_pieces[i].buf_off instead
- * of grads + pieces[i].buf_off (grad_pieces: the same pieces, as
- * layout_shard_pieces gives them; fatal if order or lengths differ). The
- * params are still written at pieces[i].buf_off, so the update, and the
- * bf16 stochastic rounding (hashed on the param index), are exactly stage
- * 1's. AdamW then runs once per run of pieces sharing one offset shift (one
- * run per bucket). */
-void optimizer_set_grad_pieces(Optimizer* o, const OptPiece* grad_pieces, int n);
-/* AdamW on the pieces: params[pieces] <- updated master. */
+/* AdamW on the pieces, reading each gradient at grads + grad_off (times
+ * grad_scale) and writing params + buf_off <- the updated master (bf16:
+ * stochastically rounded with `seed`). */
 void optimizer_step(Optimizer* o, void* params, const void* grads, float lr, float beta1,
                     float beta2, float eps, float weight_decay, float grad_scale, uint32_t seed);
 void optimizer_free(Optimizer* o);

@@ -7,8 +7,8 @@
  *  - grad_sumsq: each block sums its chunk in double (threads in a fixed
  *    stride, then a fixed tree); a one-block kernel adds the per-chunk sums
  *    in chunk order. Deterministic and independent of the GPU's size.
- *  - AdamW: fp32 master/m/v at state_off; the new param is written at
- *    buf_off: exactly the fp32 master, or bf16 with stochastic rounding whose
+ *  - AdamW: the gradient read at grad_off, fp32 master/m/v at state_off;
+ *    the new param is written at buf_off: exactly the fp32 master, or bf16 with stochastic rounding whose
  *    random bits are a hash of (seed, index in the param buffer), so a run is
  *    repeatable and independent of how the buffer is split among ranks. */
 #include "common.cuh"
@@ -22,6 +22,7 @@
 
 struct DevChunk {
     unsigned long long buf_off;
+    unsigned long long grad_off;
     unsigned long long state_off;
     unsigned int len;
     int decay;
@@ -41,6 +42,7 @@ static DevChunk* chunk_table(Backend* be, const OptPiece* pieces, int npieces) {
         for (size_t o = 0; o < pieces[i].len; o += ADAM_CHUNK) {
             size_t len = pieces[i].len - o < ADAM_CHUNK ? pieces[i].len - o : ADAM_CHUNK;
             h[k].buf_off = pieces[i].buf_off + o;
+            h[k].grad_off = pieces[i].grad_off + o;
             h[k].state_off = pieces[i].state_off + o;
             h[k].len = (unsigned)len;
             h[k].decay = pieces[i].decay;
@@ -90,7 +92,7 @@ __global__ void __launch_bounds__(ADAM_THREADS)
     sumsq_chunk_kernel(double* partial, const T* grads, const DevChunk* chunks) {
     __shared__ double red[ADAM_THREADS / 32];
     DevChunk ch = chunks[blockIdx.x];
-    const T* g = grads + ch.buf_off;
+    const T* g = grads + ch.grad_off;
     double s = 0.0;
     for (unsigned i = threadIdx.x; i < ch.len; i += ADAM_THREADS) {
         double x = (double)to_f<T>(g[i]);
@@ -177,7 +179,7 @@ __global__ void __launch_bounds__(ADAM_THREADS)
     DevChunk ch = chunks[blockIdx.x];
     for (unsigned i = threadIdx.x; i < ch.len; i += ADAM_THREADS) {
         unsigned long long bi = ch.buf_off + i, si = ch.state_off + i;
-        float g = to_f<T>(grads[bi]) * a.grad_scale;
+        float g = to_f<T>(grads[ch.grad_off + i]) * a.grad_scale;
         float mm = a.beta1 * m[si] + (1.0f - a.beta1) * g;
         float vv = a.beta2 * v[si] + (1.0f - a.beta2) * g * g;
         float mhat = mm / a.bc1, vhat = vv / a.bc2;
