@@ -18,8 +18,6 @@
 #include <omp.h>
 #endif
 
-#define GPT2_MODEL_MAGIC 20240326
-
 static const char* kind_names[GPT2_NUM_KINDS] = {
     "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
     "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
@@ -59,45 +57,80 @@ int gpt2_preset(const char* name, GPT2Config* cfg) {
     return 0;
 }
 
-void gpt2_read_header(const char* path, GPT2Config* cfg, int* version) {
-    FILE* f = xfopen(path, "rb");
-    int32_t h[256];
+size_t gpt2_num_parameters(const GPT2Config* cfg) {
+    size_t n = 0;
+    for (int k = 0; k < GPT2_NUM_KINDS; k++)
+        n += kind_numel(cfg, k) * (kind_is_layer(k) ? (size_t)cfg->num_layers : 1);
+    return n;
+}
+
+/* The shape limits bound the parameter count (Vp * C <= 2^40, L * 12 C^2 < 2^46), so the file size
+ * that the header describes fits in a long long, and every numel in a size_t. */
+int gpt2_header_decode(const int32_t h[GPT2_HEADER_INTS], GPT2Config* cfg, int* version, char* err,
+                       size_t errlen) {
+    if (h[0] != GPT2_MODEL_MAGIC) {
+        snprintf(err, errlen, "wrong magic number %d (expected %d): not an llm.c model file", h[0],
+                 GPT2_MODEL_MAGIC);
+        return -1;
+    }
+    if (h[1] != 3 && h[1] != 5) {
+        snprintf(err, errlen, "unsupported model file version %d (expected 3 for fp32 or 5 for bf16)", h[1]);
+        return -1;
+    }
+    GPT2Config c;
+    c.max_seq_len = h[2];
+    c.vocab_size = h[3];
+    c.num_layers = h[4];
+    c.num_heads = h[5];
+    c.channels = h[6];
+    c.padded_vocab_size = h[7];
+    if (c.max_seq_len <= 0 || c.vocab_size <= 0 || c.num_layers <= 0 || c.num_heads <= 0 ||
+        c.channels <= 0 || c.padded_vocab_size < c.vocab_size || c.channels % c.num_heads != 0 ||
+        c.max_seq_len > (1 << 20) || c.channels > (1 << 16) || c.num_layers > 1024 ||
+        c.padded_vocab_size > (1 << 24)) {
+        snprintf(err, errlen, "invalid model shape in header (maxT %d, V %d, Vp %d, L %d, NH %d, C %d)",
+                 h[2], h[3], h[7], h[4], h[5], h[6]);
+        return -1;
+    }
+    *cfg = c;
+    *version = h[1];
+    return 0;
+}
+
+void gpt2_header_encode(const GPT2Config* cfg, int version, int32_t h[GPT2_HEADER_INTS]) {
+    memset(h, 0, GPT2_HEADER_INTS * sizeof(int32_t));
+    h[0] = GPT2_MODEL_MAGIC;
+    h[1] = version;
+    h[2] = cfg->max_seq_len;
+    h[3] = cfg->vocab_size;
+    h[4] = cfg->num_layers;
+    h[5] = cfg->num_heads;
+    h[6] = cfg->channels;
+    h[7] = cfg->padded_vocab_size;
+}
+
+/* Reads and checks the header of the model file f (opened at its start, named path in messages):
+ * fatal on a bad header or a file size other than the one the header describes. Leaves f at the
+ * first parameter. */
+static void read_header_from(FILE* f, const char* path, GPT2Config* cfg, int* version) {
+    int32_t h[GPT2_HEADER_INTS];
     long long size = file_size(f);
     if (size < (long long)sizeof h)
-        fatal("%s: file is truncated: %lld bytes, shorter than the 1024-byte header", path, size);
-    xfread(h, sizeof(int32_t), 256, f, path);
-    fclose(f);
-    if (h[0] != GPT2_MODEL_MAGIC)
-        fatal("%s: wrong magic number %d (expected %d): not an llm.c model file", path, h[0],
-              GPT2_MODEL_MAGIC);
-    if (h[1] != 3 && h[1] != 5)
-        fatal("%s: unsupported model file version %d (expected 3 for fp32 or 5 for bf16)", path,
-              h[1]);
-    cfg->max_seq_len = h[2];
-    cfg->vocab_size = h[3];
-    cfg->num_layers = h[4];
-    cfg->num_heads = h[5];
-    cfg->channels = h[6];
-    cfg->padded_vocab_size = h[7];
-    if (cfg->max_seq_len <= 0 || cfg->vocab_size <= 0 || cfg->num_layers <= 0 ||
-        cfg->num_heads <= 0 || cfg->channels <= 0 || cfg->padded_vocab_size < cfg->vocab_size ||
-        cfg->channels % cfg->num_heads != 0 || cfg->max_seq_len > (1 << 20) ||
-        cfg->channels > (1 << 16) || cfg->num_layers > 1024 || cfg->padded_vocab_size > (1 << 24))
-        fatal("%s: invalid model shape in header (maxT %d, V %d, Vp %d, L %d, NH %d, C %d)", path,
-              h[2], h[3], h[7], h[4], h[5], h[6]);
-    *version = h[1];
-    /* size check: header + all parameters */
-    GPT2 tmp;
-    memset(&tmp, 0, sizeof tmp);
-    int n;
-    free(gpt2_describe(&tmp, cfg, &n));
-    size_t elsize = h[1] == 3 ? 4 : 2;
-    long long want = (long long)sizeof h + (long long)(tmp.num_parameters * elsize);
-    free(tmp.tensors);
-    free(tmp.layout_to_tensor);
+        fatal("%s: file is truncated: %lld bytes, shorter than the %zu-byte header", path, size, sizeof h);
+    xfread(h, sizeof(int32_t), GPT2_HEADER_INTS, f, path);
+    char err[256];
+    if (gpt2_header_decode(h, cfg, version, err, sizeof err) != 0) fatal("%s: %s", path, err);
+    size_t elsize = *version == 3 ? 4 : 2;
+    long long want = (long long)sizeof h + (long long)(gpt2_num_parameters(cfg) * elsize);
     if (size != want)
         fatal("%s: file is %s: %lld bytes, but its header describes %lld bytes", path,
               size < want ? "truncated" : "too long", size, want);
+}
+
+void gpt2_read_header(const char* path, GPT2Config* cfg, int* version) {
+    FILE* f = xfopen(path, "rb");
+    read_header_from(f, path, cfg, version);
+    fclose(f);
 }
 
 LayoutParamSpec* gpt2_describe(GPT2* m, const GPT2Config* cfg, int* n) {
@@ -309,7 +342,8 @@ void gpt2_init_random(GPT2* m, uint64_t seed) {
 void gpt2_load(GPT2* m, const char* path) {
     GPT2Config fc;
     int version;
-    gpt2_read_header(path, &fc, &version);
+    FILE* f = xfopen(path, "rb");
+    read_header_from(f, path, &fc, &version);
     const GPT2Config* c = &m->cfg;
     if (fc.max_seq_len != c->max_seq_len || fc.vocab_size != c->vocab_size ||
         fc.padded_vocab_size != c->padded_vocab_size || fc.num_layers != c->num_layers ||
@@ -318,8 +352,6 @@ void gpt2_load(GPT2* m, const char* path) {
               "(L %d, NH %d, C %d, maxT %d, V %d)", path, fc.num_layers, fc.num_heads,
               fc.channels, fc.max_seq_len, fc.vocab_size, c->num_layers, c->num_heads,
               c->channels, c->max_seq_len, c->vocab_size);
-    FILE* f = xfopen(path, "rb");
-    fseek(f, 256 * sizeof(int32_t), SEEK_SET);
     for (int i = 0; i < m->ntensors; i++) {
         const GPT2Tensor* t = &m->tensors[i];
         float* w = xmalloc(t->numel * sizeof(float));
@@ -341,21 +373,13 @@ void gpt2_load(GPT2* m, const char* path) {
 }
 
 void gpt2_save(GPT2* m, const char* path, int version) {
-    const GPT2Config* c = &m->cfg;
+    if (version != 3 && version != 5) fatal("internal: gpt2_save: model file version %d (3 or 5)", version);
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) fatal("path too long: %s", path);
     FILE* f = xfopen(tmp, "wb");
-    int32_t h[256];
-    memset(h, 0, sizeof h);
-    h[0] = GPT2_MODEL_MAGIC;
-    h[1] = version;
-    h[2] = c->max_seq_len;
-    h[3] = c->vocab_size;
-    h[4] = c->num_layers;
-    h[5] = c->num_heads;
-    h[6] = c->channels;
-    h[7] = c->padded_vocab_size;
-    xfwrite(h, sizeof(int32_t), 256, f, tmp);
+    int32_t h[GPT2_HEADER_INTS];
+    gpt2_header_encode(&m->cfg, version, h);
+    xfwrite(h, sizeof(int32_t), GPT2_HEADER_INTS, f, tmp);
     for (int i = 0; i < m->ntensors; i++) {
         const GPT2Tensor* t = &m->tensors[i];
         float* w = xmalloc(t->numel * sizeof(float));

@@ -17,6 +17,7 @@
 #define MODEL_GPT2_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include "../kernels/kernels.h"
 #include "../ddp/layout.h"
 
@@ -96,7 +97,24 @@ typedef struct {
 /* Preset "dN": N layers, 64*N channels, N heads, maxT 1024 (d12 = GPT-2
  * 124M). Returns 0, or -1 if name is not a preset. */
 int gpt2_preset(const char* name, GPT2Config* cfg);
-/* Reads the config from an llm.c model file's header (fatal on a bad file). */
+
+/* llm.c model files: a header of GPT2_HEADER_INTS int32 (magic, version, maxT, V, L, NH, C, Vp, then
+ * zeros), then every parameter tensor in file order, fp32 (version 3) or bf16 (version 5), padded
+ * vocabulary rows included. The header is read and written as host int32 (this code runs on
+ * little-endian hosts only). */
+#define GPT2_MODEL_MAGIC 20240326
+#define GPT2_HEADER_INTS 256
+/* Decodes and checks an llm.c model-file header (256 little-endian int32): magic, version 3 (fp32)
+ * or 5 (bf16), a sane shape (the checks gpt2_read_header makes today). Returns 0, or -1 with a
+ * one-line reason in err (errlen bytes) that does not name a file (the caller prefixes it). */
+int gpt2_header_decode(const int32_t h[GPT2_HEADER_INTS], GPT2Config* cfg, int* version, char* err, size_t errlen);
+/* The header of a model file of this shape and version (3 or 5); other slots 0. */
+void gpt2_header_encode(const GPT2Config* cfg, int version, int32_t h[GPT2_HEADER_INTS]);
+/* Parameter count of the model of this shape (padded vocab rows included), with no model built. */
+size_t gpt2_num_parameters(const GPT2Config* cfg);
+/* Reads the config from an llm.c model file's header: fatal, naming the file, when the file is
+ * shorter than the header, when gpt2_header_decode refuses the header, or when the file's size is
+ * not the header plus the parameters it describes. */
 void gpt2_read_header(const char* path, GPT2Config* cfg, int* file_dtype_version);
 /* The model's tensors (sets m->cfg, m->tensors, m->num_parameters) and the
  * layout specs in backward-finish order, with *n = ntensors (wte's spec has
