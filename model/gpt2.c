@@ -23,6 +23,7 @@ static const char* kind_names[GPT2_NUM_KINDS] = {
     "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
 
 static int kind_is_layer(int k) { return k >= GPT2_LN1W && k <= GPT2_FCPROJB; }
+#define LAYER_KINDS (GPT2_FCPROJB - GPT2_LN1W + 1)   /* 12 tensors per layer */
 static int kind_decays(int k) {
     return k == GPT2_WTE || k == GPT2_WPE || k == GPT2_QKVW || k == GPT2_ATTPROJW ||
            k == GPT2_FCW || k == GPT2_FCPROJW;
@@ -133,47 +134,60 @@ void gpt2_read_header(const char* path, GPT2Config* cfg, int* version) {
     fclose(f);
 }
 
+int gpt2_tensor_index(const GPT2Config* cfg, int kind, int layer) {
+    int L = cfg->num_layers;
+    if (kind < 0 || kind >= GPT2_NUM_KINDS || (kind_is_layer(kind) ? layer < 0 || layer >= L : layer != -1))
+        fatal("internal: no tensor of kind %d at layer %d (L %d)", kind, layer, L);
+    /* llm.c's file order: wte, wpe, each layer kind for layers 0..L-1, lnfw, lnfb */
+    if (kind == GPT2_WTE || kind == GPT2_WPE) return kind - GPT2_WTE;
+    if (kind_is_layer(kind)) return 2 + (kind - GPT2_LN1W) * L + layer;
+    return 2 + LAYER_KINDS * L + (kind - GPT2_LNFW);
+}
+
+GPT2Tensor* gpt2_tensor(const GPT2* m, int kind, int layer) {
+    return &m->tensors[gpt2_tensor_index(&m->cfg, kind, layer)];
+}
+
 LayoutParamSpec* gpt2_describe(GPT2* m, const GPT2Config* cfg, int* n) {
     int L = cfg->num_layers;
     m->cfg = *cfg;
-    m->ntensors = 12 * L + 4;
+    m->ntensors = LAYER_KINDS * L + 4;
     m->tensors = xcalloc((size_t)m->ntensors, sizeof(GPT2Tensor));
     m->layout_to_tensor = xcalloc((size_t)m->ntensors, sizeof(int));
-    /* file order: kind-major, layers inside */
-    int ti = 0;
-    size_t off = 0;
     for (int k = 0; k < GPT2_NUM_KINDS; k++) {
         int nl = kind_is_layer(k) ? L : 1;
-        for (int l = 0; l < nl; l++) {
-            GPT2Tensor* t = &m->tensors[ti++];
+        for (int i = 0; i < nl; i++) {
+            int l = kind_is_layer(k) ? i : -1;
+            GPT2Tensor* t = gpt2_tensor(m, k, l);
             t->kind = k;
-            t->layer = kind_is_layer(k) ? l : -1;
+            t->layer = l;
             t->numel = kind_numel(cfg, k);
-            t->file_off = off;
             t->decay = kind_decays(k);
-            if (t->layer >= 0) snprintf(t->name, sizeof t->name, "h%d.%s", l, kind_names[k]);
+            if (l >= 0) snprintf(t->name, sizeof t->name, "h%d.%s", l, kind_names[k]);
             else snprintf(t->name, sizeof t->name, "%s", kind_names[k]);
-            off += t->numel;
         }
+    }
+    /* the file holds the tensors back to back in index order */
+    size_t off = 0;
+    for (int i = 0; i < m->ntensors; i++) {
+        m->tensors[i].file_off = off;
+        off += m->tensors[i].numel;
     }
     m->num_parameters = off;
     /* layout order: the order in which backward finishes the gradients */
     LayoutParamSpec* specs = xcalloc((size_t)m->ntensors, sizeof(LayoutParamSpec));
     int li = 0;
-#define TENSOR_INDEX(k, l) (kind_is_layer(k) ? 2 + ((k) - GPT2_LN1W) * L + (l) : \
-                            (k) == GPT2_WTE ? 0 : (k) == GPT2_WPE ? 1 : 2 + 12 * L + ((k) - GPT2_LNFW))
-    int order_layer[12] = {GPT2_FCPROJW, GPT2_FCPROJB, GPT2_FCW, GPT2_FCB, GPT2_LN2W, GPT2_LN2B,
+    int order_layer[LAYER_KINDS] = {GPT2_FCPROJW, GPT2_FCPROJB, GPT2_FCW, GPT2_FCB, GPT2_LN2W, GPT2_LN2B,
                            GPT2_ATTPROJW, GPT2_ATTPROJB, GPT2_QKVW, GPT2_QKVB, GPT2_LN1W,
                            GPT2_LN1B};
     int* seq = xmalloc(sizeof(int) * (size_t)m->ntensors);
     int ns = 0;
-    seq[ns++] = TENSOR_INDEX(GPT2_LNFW, -1);
-    seq[ns++] = TENSOR_INDEX(GPT2_LNFB, -1);
+    seq[ns++] = gpt2_tensor_index(cfg, GPT2_LNFW, -1);
+    seq[ns++] = gpt2_tensor_index(cfg, GPT2_LNFB, -1);
     for (int l = L - 1; l >= 0; l--)
-        for (int j = 0; j < 12; j++) seq[ns++] = TENSOR_INDEX(order_layer[j], l);
-    seq[ns++] = TENSOR_INDEX(GPT2_WPE, -1);
-    seq[ns++] = TENSOR_INDEX(GPT2_WTE, -1);
-#undef TENSOR_INDEX
+        for (int j = 0; j < LAYER_KINDS; j++) seq[ns++] = gpt2_tensor_index(cfg, order_layer[j], l);
+    seq[ns++] = gpt2_tensor_index(cfg, GPT2_WPE, -1);
+    seq[ns++] = gpt2_tensor_index(cfg, GPT2_WTE, -1);
     for (li = 0; li < ns; li++) {
         GPT2Tensor* t = &m->tensors[seq[li]];
         t->layout_index = li;
@@ -467,15 +481,9 @@ void gpt2_alloc_activations(GPT2* m, int B, int T) {
 static void* X(const GPT2* m, void* base, size_t elems) {
     return (char*)base + elems * dtype_size(m->be->dtype);
 }
-/* index in m->tensors (file order) of tensor (kind, layer) */
-static int tensor_index(const GPT2* m, int kind, int layer) {
-    int L = m->cfg.num_layers;
-    return kind_is_layer(kind) ? 2 + (kind - GPT2_LN1W) * L + layer
-           : kind == GPT2_WTE ? 0 : kind == GPT2_WPE ? 1 : 2 + 12 * L + (kind - GPT2_LNFW);
-}
 /* a parameter tensor inside the flat param buffer */
 static void* P(const GPT2* m, void* buf, int kind, int layer) {
-    return X(m, buf, m->tensors[tensor_index(m, kind, layer)].buf_off);
+    return X(m, buf, gpt2_tensor(m, kind, layer)->buf_off);
 }
 /* where backward accumulates the gradient of layout parameter li */
 static void* GPL(const GPT2* m, int li) {
@@ -488,15 +496,15 @@ static void* GPL(const GPT2* m, int li) {
  * whole tensor except for a chunked wte (and there, the whole tensor too
  * when the gradients are one full buffer: its chunks are contiguous) */
 static void* GP(const GPT2* m, int kind, int layer) {
-    return GPL(m, m->tensors[tensor_index(m, kind, layer)].layout_index);
+    return GPL(m, gpt2_tensor(m, kind, layer)->layout_index);
 }
 /* Tell a hook that the next kernel touches tensors (k1, layer) and, if
  * k2 >= 0, (k2, layer): every layout parameter of them. */
 static void need(const GPT2* m, gpt2_need_fn fn, void* ctx, int layer, int k1, int k2) {
     if (!fn) return;
     int fixed[8];
-    const GPT2Tensor* t1 = &m->tensors[tensor_index(m, k1, layer)];
-    const GPT2Tensor* t2 = k2 >= 0 ? &m->tensors[tensor_index(m, k2, layer)] : NULL;
+    const GPT2Tensor* t1 = gpt2_tensor(m, k1, layer);
+    const GPT2Tensor* t2 = k2 >= 0 ? gpt2_tensor(m, k2, layer) : NULL;
     int n = t1->nchunks + (t2 ? t2->nchunks : 0);
     int* li = n <= 8 ? fixed : xmalloc(sizeof(int) * (size_t)n);
     int k = 0;
@@ -606,9 +614,7 @@ float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T,
 
 static void mark_layer(GPT2* m, int layer, gpt2_ready_fn ready, void* ctx) {
     if (!ready) return;
-    int L = m->cfg.num_layers;
-    for (int k = GPT2_LN1W; k <= GPT2_FCPROJB; k++)
-        ready(ctx, m->tensors[2 + (k - GPT2_LN1W) * L + layer].layout_index);
+    for (int k = GPT2_LN1W; k <= GPT2_FCPROJB; k++) ready(ctx, gpt2_tensor(m, k, layer)->layout_index);
 }
 
 void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx) {
@@ -634,8 +640,8 @@ void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx) {
                            X(m, a.res3, (size_t)(L - 1) * BTa * C), P(m, W, GPT2_LNFW, -1),
                            a.lnf_mean, a.lnf_rstd, (int)BT, (int)C);
     if (ready) {
-        ready(ctx, m->tensors[2 + 12 * L].layout_index);
-        ready(ctx, m->tensors[2 + 12 * L + 1].layout_index);
+        ready(ctx, gpt2_tensor(m, GPT2_LNFW, -1)->layout_index);
+        ready(ctx, gpt2_tensor(m, GPT2_LNFB, -1)->layout_index);
     }
     for (int l = L - 1; l >= 0; l--) {
         LayerActs la;
@@ -679,8 +685,8 @@ void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx) {
     }
     /* embeddings: wte's gradient = the lm head's dW (the GEMM, first) + the
      * encoder's token rows; wpe's = the encoder's position rows */
-    const GPT2Tensor* te = &m->tensors[tensor_index(m, GPT2_WTE, -1)];
-    const GPT2Tensor* tp = &m->tensors[tensor_index(m, GPT2_WPE, -1)];
+    const GPT2Tensor* te = gpt2_tensor(m, GPT2_WTE, -1);
+    const GPT2Tensor* tp = gpt2_tensor(m, GPT2_WPE, -1);
     const int Vp = c->padded_vocab_size;
     if (!m->shard_grads) {
         /* one full gradient buffer (zero_stage 0, 1): wte's chunks are one

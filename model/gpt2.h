@@ -116,6 +116,13 @@ size_t gpt2_num_parameters(const GPT2Config* cfg);
  * shorter than the header, when gpt2_header_decode refuses the header, or when the file's size is
  * not the header plus the parameters it describes. */
 void gpt2_read_header(const char* path, GPT2Config* cfg, int* file_dtype_version);
+/* The position of tensor (kind, layer) in llm.c's file order, which is its index in m->tensors:
+ * the one place that knows that order (wte, wpe, each layer kind for layers 0..L-1, lnfw, lnfb).
+ * layer is 0..L-1 for the layer kinds (GPT2_LN1W..GPT2_FCPROJB) and -1 for the others; any other
+ * combination is fatal (internal). */
+int gpt2_tensor_index(const GPT2Config* cfg, int kind, int layer);
+/* &m->tensors[gpt2_tensor_index(&m->cfg, kind, layer)]; m described (gpt2_describe). */
+GPT2Tensor* gpt2_tensor(const GPT2* m, int kind, int layer);
 /* The model's tensors (sets m->cfg, m->tensors, m->num_parameters) and the
  * layout specs in backward-finish order, with *n = ntensors (wte's spec has
  * row_len = C: the layout may cut it into row chunks). Caller frees. */
