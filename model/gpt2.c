@@ -1,5 +1,9 @@
 /* model/gpt2.c — GPT-2 over the kernel interface: tensors, init, llm.c
- * files, forward, backward. See gpt2.h.
+ * files, forward, backward. See gpt2.h for the contracts and the order of
+ * the calls.
+ *
+ * Tensors are named by (kind, layer); gpt2_tensor_index is the only code that
+ * turns a name into a position in llm.c's file order (= index in m->tensors).
  *
  * Forward reads parameters at params + buf_off; backward accumulates
  * gradients through the per-layout-parameter pointer table grad_ptr (by
@@ -333,7 +337,7 @@ void gpt2_init_random(GPT2* m, uint64_t seed) {
     /* The streams are independent, so the tensors are generated in parallel,
      * a group of (threads) tensors at a time (host memory: one group), and
      * copied to the device in order: the values do not depend on the thread
-     * count. (Billions of parameters took minutes one value at a time.) */
+     * count. (One value at a time, billions of parameters take minutes.) */
     int group = 1;
 #ifdef _OPENMP
     group = omp_get_max_threads();
@@ -627,7 +631,7 @@ void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx) {
     int L = c->num_layers, NH = c->num_heads;
     void* W = m->params;
 
-    /* classifier: logits now hold dlogits. Only dX here; the lm head's dW
+    /* classifier: forward left dlogits in logits. Only dX here; the lm head's dW
      * (into wte's gradient) waits for the end of backward, where the
      * encoder's rows are added too. Nothing below overwrites logits or lnf
      * (backward's scratch is dres/dbtc/dqkv/dfch; recompute rewrites only
@@ -666,7 +670,7 @@ void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx) {
         be->layernorm_backward(be, a.dres, GP(m, GPT2_LN2W, l), GP(m, GPT2_LN2B, l), a.dbtc,
                                res2, P(m, W, GPT2_LN2W, l), a.ln2_mean + (size_t)l * BTa,
                                a.ln2_rstd + (size_t)l * BTa, (int)BT, (int)C);
-        /* attention: dres is now the gradient of res2 (= res_in + attproj) */
+        /* attention: from here dres is the gradient of res2 (= res_in + attproj) */
         NEED_G(l, GPT2_ATTPROJW, GPT2_ATTPROJB);
         be->matmul_backward(be, a.dbtc, GP(m, GPT2_ATTPROJW, l), GP(m, GPT2_ATTPROJB, l),
                             a.dres, atty, P(m, W, GPT2_ATTPROJW, l), NULL, (int)BT, (int)C, (int)C);
