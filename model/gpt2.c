@@ -18,6 +18,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <unistd.h>
+#include <sys/types.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -155,6 +158,12 @@ GPT2Tensor* gpt2_tensor(const GPT2* m, int kind, int layer) {
 LayoutParamSpec* gpt2_describe(GPT2* m, const GPT2Config* cfg, int* n) {
     int L = cfg->num_layers;
     m->cfg = *cfg;
+    GPT2Part* pt = &m->part;
+    int whole = pt->layer_count == 0;
+    if (whole) *pt = (GPT2Part){.layer_first = 0, .layer_count = L, .has_embed = 1, .has_head = 1};
+    if (pt->layer_first < 0 || pt->layer_count < 1 || pt->layer_first + pt->layer_count > L)
+        fatal("model chunk of layers [%d, %d) outside the model's %d layers", pt->layer_first,
+              pt->layer_first + pt->layer_count, L);
     m->ntensors = LAYER_KINDS * L + 4;
     m->tensors = xcalloc((size_t)m->ntensors, sizeof(GPT2Tensor));
     m->layout_to_tensor = xcalloc((size_t)m->ntensors, sizeof(int));
@@ -169,30 +178,37 @@ LayoutParamSpec* gpt2_describe(GPT2* m, const GPT2Config* cfg, int* n) {
             t->decay = kind_decays(k);
             if (l >= 0) snprintf(t->name, sizeof t->name, "h%d.%s", l, kind_names[k]);
             else snprintf(t->name, sizeof t->name, "%s", kind_names[k]);
+            t->present = l >= 0 ? l >= pt->layer_first && l < pt->layer_first + pt->layer_count
+                         : k == GPT2_WTE ? pt->has_embed || pt->has_head
+                         : k == GPT2_WPE ? pt->has_embed
+                                         : pt->has_head;
         }
     }
     /* the file holds the tensors back to back in index order */
     size_t off = 0;
+    m->part_parameters = 0;
     for (int i = 0; i < m->ntensors; i++) {
         m->tensors[i].file_off = off;
         off += m->tensors[i].numel;
+        if (m->tensors[i].present) m->part_parameters += m->tensors[i].numel;
     }
     m->num_parameters = off;
     /* layout order: the order in which backward finishes the gradients */
     LayoutParamSpec* specs = xcalloc((size_t)m->ntensors, sizeof(LayoutParamSpec));
-    int li = 0;
     int order_layer[LAYER_KINDS] = {GPT2_FCPROJW, GPT2_FCPROJB, GPT2_FCW, GPT2_FCB, GPT2_LN2W, GPT2_LN2B,
                            GPT2_ATTPROJW, GPT2_ATTPROJB, GPT2_QKVW, GPT2_QKVB, GPT2_LN1W,
                            GPT2_LN1B};
     int* seq = xmalloc(sizeof(int) * (size_t)m->ntensors);
     int ns = 0;
-    seq[ns++] = gpt2_tensor_index(cfg, GPT2_LNFW, -1);
-    seq[ns++] = gpt2_tensor_index(cfg, GPT2_LNFB, -1);
-    for (int l = L - 1; l >= 0; l--)
+    if (pt->has_head) {
+        seq[ns++] = gpt2_tensor_index(cfg, GPT2_LNFW, -1);
+        seq[ns++] = gpt2_tensor_index(cfg, GPT2_LNFB, -1);
+    }
+    for (int l = pt->layer_first + pt->layer_count - 1; l >= pt->layer_first; l--)
         for (int j = 0; j < LAYER_KINDS; j++) seq[ns++] = gpt2_tensor_index(cfg, order_layer[j], l);
-    seq[ns++] = gpt2_tensor_index(cfg, GPT2_WPE, -1);
-    seq[ns++] = gpt2_tensor_index(cfg, GPT2_WTE, -1);
-    for (li = 0; li < ns; li++) {
+    if (pt->has_embed) seq[ns++] = gpt2_tensor_index(cfg, GPT2_WPE, -1);
+    if (pt->has_embed || pt->has_head) seq[ns++] = gpt2_tensor_index(cfg, GPT2_WTE, -1);
+    for (int li = 0; li < ns; li++) {
         GPT2Tensor* t = &m->tensors[seq[li]];
         t->layout_index = li;
         t->nchunks = 1;
@@ -207,9 +223,11 @@ LayoutParamSpec* gpt2_describe(GPT2* m, const GPT2Config* cfg, int* n) {
              * into a row, an alignment cuBLASLt's fast kernels accept. */
             specs[li].row_len = (size_t)cfg->channels;
             specs[li].row_align = 64;
+            specs[li].new_bucket = !whole;
         }
     }
     free(seq);
+    m->npresent = ns;
     *n = ns;
     return specs;
 }
@@ -217,8 +235,8 @@ LayoutParamSpec* gpt2_describe(GPT2* m, const GPT2Config* cfg, int* n) {
 void gpt2_bind(GPT2* m, Backend* be, const Layout* L) {
     m->be = be;
     m->layout = L;
-    if (L->nspecs != m->ntensors)
-        fatal("internal: gpt2_bind: the layout has %d specs, the model %d tensors", L->nspecs, m->ntensors);
+    if (L->nspecs != m->npresent)
+        fatal("internal: gpt2_bind: the layout has %d specs, the model %d tensors", L->nspecs, m->npresent);
     /* layout parameters -> tensors, through the spec each one comes from
      * (describe's map is by spec); a tensor's chunks must be consecutive
      * layout parameters forming one contiguous range of the buffer */
@@ -242,6 +260,7 @@ void gpt2_bind(GPT2* m, Backend* be, const Layout* L) {
     free(spec_to_tensor);
     for (int i = 0; i < m->ntensors; i++) {
         GPT2Tensor* t = &m->tensors[i];
+        if (!t->present) continue;
         const LayoutParam* pl = &L->params[t->layout_index + t->nchunks - 1];
         if (t->nchunks == 0 || pl->spec_off + pl->numel != t->numel)
             fatal("internal: gpt2_bind: tensor %s is not covered by the layout", t->name);
@@ -292,16 +311,16 @@ static void get_tensor(GPT2* m, const void* buf, const GPT2Tensor* t, float* out
 
 void gpt2_params_to_host(GPT2* m, float* out) {
     for (int i = 0; i < m->ntensors; i++)
-        get_tensor(m, m->params, &m->tensors[i], out + m->tensors[i].file_off);
+        if (m->tensors[i].present) get_tensor(m, m->params, &m->tensors[i], out + m->tensors[i].file_off);
 }
 void gpt2_grads_to_host(GPT2* m, float* out) {
     if (!m->grads) fatal("internal: gpt2_grads_to_host with sharded gradients (zero_stage 2)");
     for (int i = 0; i < m->ntensors; i++)
-        get_tensor(m, m->grads, &m->tensors[i], out + m->tensors[i].file_off);
+        if (m->tensors[i].present) get_tensor(m, m->grads, &m->tensors[i], out + m->tensors[i].file_off);
 }
 void gpt2_params_from_host(GPT2* m, const float* in) {
     for (int i = 0; i < m->ntensors; i++)
-        put_tensor(m, &m->tensors[i], in + m->tensors[i].file_off);
+        if (m->tensors[i].present) put_tensor(m, &m->tensors[i], in + m->tensors[i].file_off);
 }
 
 /* tensor t's initial values (fp32, numel) from its own stream */
@@ -343,16 +362,21 @@ void gpt2_init_random(GPT2* m, uint64_t seed) {
     group = omp_get_max_threads();
 #endif
     float** bufs = xmalloc((size_t)group * sizeof(float*));
-    for (int i0 = 0; i0 < m->ntensors; i0 += group) {
-        int n = m->ntensors - i0 < group ? m->ntensors - i0 : group;
-        for (int k = 0; k < n; k++) bufs[k] = xmalloc(m->tensors[i0 + k].numel * sizeof(float));
+    GPT2Tensor** ts = xmalloc((size_t)m->ntensors * sizeof(GPT2Tensor*));
+    int np = 0;
+    for (int i = 0; i < m->ntensors; i++)
+        if (m->tensors[i].present) ts[np++] = &m->tensors[i];
+    for (int i0 = 0; i0 < np; i0 += group) {
+        int n = np - i0 < group ? np - i0 : group;
+        for (int k = 0; k < n; k++) bufs[k] = xmalloc(ts[i0 + k]->numel * sizeof(float));
 #pragma omp parallel for schedule(dynamic, 1)
-        for (int k = 0; k < n; k++) init_tensor(m, &m->tensors[i0 + k], seed, bufs[k]);
+        for (int k = 0; k < n; k++) init_tensor(m, ts[i0 + k], seed, bufs[k]);
         for (int k = 0; k < n; k++) {
-            put_tensor(m, &m->tensors[i0 + k], bufs[k]);
+            put_tensor(m, ts[i0 + k], bufs[k]);
             free(bufs[k]);
         }
     }
+    free(ts);
     free(bufs);
     m->be->synchronize(m->be);
 }
@@ -370,8 +394,12 @@ void gpt2_load(GPT2* m, const char* path) {
               "(L %d, NH %d, C %d, maxT %d, V %d)", path, fc.num_layers, fc.num_heads,
               fc.channels, fc.max_seq_len, fc.vocab_size, c->num_layers, c->num_heads,
               c->channels, c->max_seq_len, c->vocab_size);
+    const long long es = version == 3 ? 4 : 2;
     for (int i = 0; i < m->ntensors; i++) {
         const GPT2Tensor* t = &m->tensors[i];
+        if (!t->present) continue;
+        if (fseeko(f, (off_t)(GPT2_HEADER_INTS * 4 + (long long)t->file_off * es), SEEK_SET) != 0)
+            fatal("%s: cannot seek to tensor %s", path, t->name);
         float* w = xmalloc(t->numel * sizeof(float));
         if (version == 3) {
             xfread(w, sizeof(float), t->numel, f, path);
@@ -392,6 +420,7 @@ void gpt2_load(GPT2* m, const char* path) {
 
 void gpt2_save(GPT2* m, const char* path, int version) {
     if (version != 3 && version != 5) fatal("internal: gpt2_save: model file version %d (3 or 5)", version);
+    if (m->npresent != m->ntensors) fatal("internal: gpt2_save of a model chunk (gpt2_write_tensors writes parts)");
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) fatal("path too long: %s", path);
     FILE* f = xfopen(tmp, "wb");
@@ -416,22 +445,65 @@ void gpt2_save(GPT2* m, const char* path, int version) {
     if (rename(tmp, path) != 0) fatal("cannot rename %s to %s", tmp, path);
 }
 
+int gpt2_write_tensors(GPT2* m, int fd, int version, int skip_wte, char* err, size_t errlen) {
+    if (version != 3 && version != 5) fatal("internal: gpt2_write_tensors: model file version %d (3 or 5)", version);
+    const size_t es = version == 3 ? 4 : 2;
+    for (int i = 0; i < m->ntensors; i++) {
+        const GPT2Tensor* t = &m->tensors[i];
+        if (!t->present || (skip_wte && t->kind == GPT2_WTE)) continue;
+        float* w = xmalloc(t->numel * sizeof(float));
+        get_tensor(m, m->params, t, w);
+        const void* src = w;
+        uint16_t* hb = NULL;
+        if (version == 5) {
+            hb = xmalloc(t->numel * 2);
+            for (size_t j = 0; j < t->numel; j++) hb[j] = f32_to_bf16(w[j]);
+            src = hb;
+        }
+        size_t bytes = t->numel * es, done = 0;
+        off_t at = (off_t)GPT2_HEADER_INTS * 4 + (off_t)(t->file_off * es);
+        while (done < bytes) {
+            ssize_t k = pwrite(fd, (const char*)src + done, bytes - done, at + (off_t)done);
+            if (k <= 0) {
+                snprintf(err, errlen, "writing tensor %s failed: %s", t->name, k < 0 ? strerror(errno) : "no progress");
+                free(w);
+                free(hb);
+                return -1;
+            }
+            done += (size_t)k;
+        }
+        free(w);
+        free(hb);
+    }
+    return 0;
+}
+
 /* ---------------------------------------------------------------------------
- * Activations. One block, carved in a fixed order; sizes in elements. */
+ * Activations. nslots slot blocks (what forward keeps for backward, one
+ * micro-batch each) and one scratch block (forward temporaries, backward's
+ * buffers, and the buffers that recomputation shares between layers), each
+ * carved in a fixed order; sizes in elements. Per-layer arrays hold the
+ * part's layers, indexed from its first layer. */
 typedef struct {
-    void *encoded;                        /* [B,T,C] */
-    void *ln1, *qkv, *atty, *attproj, *res2, *ln2, *fch, *fch_gelu, *fcproj, *res3; /* per layer */
+    /* the slot */
+    void* encoded;                        /* [B,T,C]: the part's input */
+    void *ln1, *qkv, *atty, *res2, *ln2, *fch, *fch_gelu, *res3; /* per layer */
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lse;
-    void *lnf, *logits;
-    float *lnf_mean, *lnf_rstd, *losses;
-    /* backward scratch */
-    void *dres, *dbtc, *dqkv, *dfch;
+    void *lnf, *logits;                   /* head */
+    float *lnf_mean, *lnf_rstd, *losses;  /* head */
+    int *inputs, *targets;                /* device token ids */
+    /* scratch */
+    void *attproj, *fcproj;               /* forward: each only feeds the residual add after it */
+    void *dres, *dbtc, *dqkv, *dfch;      /* backward */
 } Acts;
 
-static size_t acts_layout(const GPT2* m, int B, int T, Acts* a, char* base) {
+/* Carves the slot block (scratch = 0) or the scratch block at base (NULL:
+ * sizes only); returns its bytes. */
+static size_t acts_layout(const GPT2* m, int B, int T, Acts* a, char* base, int scratch) {
     const GPT2Config* c = &m->cfg;
     size_t es = dtype_size(m->be->dtype);
-    size_t BT = (size_t)B * T, C = (size_t)c->channels, L = (size_t)c->num_layers;
+    size_t BT = (size_t)B * T, C = (size_t)c->channels, L = (size_t)m->part.layer_count;
+    size_t H = m->part.has_head ? 1 : 0;
     size_t off = 0;
 #define CARVE(ptr, type, count)                                              \
     do {                                                                     \
@@ -439,46 +511,81 @@ static size_t acts_layout(const GPT2* m, int B, int T, Acts* a, char* base) {
         off += (((size_t)(count) * (sizeof(type) == 1 ? es : sizeof(type))) + 255) & ~(size_t)255; \
     } while (0)
     /* X tensors are carved as char (sizeof 1 -> element size es) */
-    CARVE(a->encoded, char, BT * C);
+    /* recomputed buffers: one layer's worth, shared by the layers and the slots (scratch) */
     size_t Lln = m->recompute >= 2 ? 1 : L, Lgelu = m->recompute >= 1 ? 1 : L;
-    CARVE(a->ln1, char, Lln * BT * C);
-    CARVE(a->qkv, char, L * BT * 3 * C);
-    CARVE(a->atty, char, L * BT * C);
-    CARVE(a->attproj, char, BT * C);          /* only feeds the residual: shared */
-    CARVE(a->res2, char, L * BT * C);
-    CARVE(a->ln2, char, Lln * BT * C);
-    CARVE(a->fch, char, L * BT * 4 * C);
-    CARVE(a->fch_gelu, char, Lgelu * BT * 4 * C);
-    CARVE(a->fcproj, char, BT * C);           /* shared likewise */
-    CARVE(a->res3, char, L * BT * C);
-    CARVE(a->lnf, char, BT * C);
-    CARVE(a->logits, char, BT * (size_t)c->padded_vocab_size);
-    CARVE(a->dres, char, BT * C);
-    CARVE(a->dbtc, char, BT * C);
-    CARVE(a->dqkv, char, BT * 3 * C);
-    CARVE(a->dfch, char, BT * 4 * C);
-    CARVE(a->ln1_mean, float, L * BT);
-    CARVE(a->ln1_rstd, float, L * BT);
-    CARVE(a->ln2_mean, float, L * BT);
-    CARVE(a->ln2_rstd, float, L * BT);
-    CARVE(a->lse, float, L * BT * (size_t)c->num_heads);
-    CARVE(a->lnf_mean, float, BT);
-    CARVE(a->lnf_rstd, float, BT);
-    CARVE(a->losses, float, BT);
+    int ln_here = (m->recompute >= 2) == scratch, gelu_here = (m->recompute >= 1) == scratch;
+    if (!scratch) {
+        CARVE(a->encoded, char, BT * C);
+        CARVE(a->qkv, char, L * BT * 3 * C);
+        CARVE(a->atty, char, L * BT * C);
+        CARVE(a->res2, char, L * BT * C);
+        CARVE(a->fch, char, L * BT * 4 * C);
+        CARVE(a->res3, char, L * BT * C);
+        CARVE(a->lnf, char, H * BT * C);
+        CARVE(a->logits, char, H * BT * (size_t)c->padded_vocab_size);
+        CARVE(a->ln1_mean, float, L * BT);
+        CARVE(a->ln1_rstd, float, L * BT);
+        CARVE(a->ln2_mean, float, L * BT);
+        CARVE(a->ln2_rstd, float, L * BT);
+        CARVE(a->lse, float, L * BT * (size_t)c->num_heads);
+        CARVE(a->lnf_mean, float, H * BT);
+        CARVE(a->lnf_rstd, float, H * BT);
+        CARVE(a->losses, float, H * BT);
+        CARVE(a->inputs, int, BT);
+        CARVE(a->targets, int, BT);
+    } else {
+        CARVE(a->attproj, char, BT * C);
+        CARVE(a->fcproj, char, BT * C);
+        CARVE(a->dres, char, BT * C);
+        CARVE(a->dbtc, char, BT * C);
+        CARVE(a->dqkv, char, BT * 3 * C);
+        CARVE(a->dfch, char, BT * 4 * C);
+    }
+    if (ln_here) {
+        CARVE(a->ln1, char, Lln * BT * C);
+        CARVE(a->ln2, char, Lln * BT * C);
+    }
+    if (gelu_here) CARVE(a->fch_gelu, char, Lgelu * BT * 4 * C);
 #undef CARVE
     return off;
+}
+
+/* The current slot's activations and the scratch, for the allocated (B, T)
+ * (buffers do not move; a forward uses B*T of them). */
+static void acts_get(const GPT2* m, Acts* a) {
+    if (!m->acts) fatal("internal: the model has no activations (gpt2_alloc_activations)");
+    char* base = (char*)m->acts;
+    acts_layout(m, m->B, m->T, a, base + (size_t)m->slot * m->slot_bytes, 0);
+    acts_layout(m, m->B, m->T, a, base + (size_t)m->nslots * m->slot_bytes, 1);
 }
 
 void gpt2_alloc_activations(GPT2* m, int B, int T) {
     Acts a;
     m->B = B;
     m->T = T;
-    m->acts_bytes = acts_layout(m, B, T, &a, NULL);
+    if (m->nslots < 1) m->nslots = 1;
+    m->slot = 0;
+    m->slot_bytes = acts_layout(m, B, T, &a, NULL, 0);
+    m->acts_bytes = (size_t)m->nslots * m->slot_bytes + acts_layout(m, B, T, &a, NULL, 1);
     m->acts = m->be->alloc(m->be, m->acts_bytes, MEM_ACTIVATIONS);
-    m->inputs_dev = m->be->alloc(m->be, (size_t)B * T * sizeof(int), MEM_ACTIVATIONS);
-    m->targets_dev = m->be->alloc(m->be, (size_t)B * T * sizeof(int), MEM_ACTIVATIONS);
     m->losses_host = xmalloc((size_t)B * T * sizeof(float));
-    m->inputs_host_copy = xmalloc((size_t)B * T * sizeof(int));
+}
+
+void gpt2_use_slot(GPT2* m, int slot) {
+    if (slot < 0 || slot >= m->nslots) fatal("internal: activation slot %d of %d", slot, m->nslots);
+    m->slot = slot;
+}
+
+void* gpt2_input(GPT2* m) {
+    Acts a;
+    acts_get(m, &a);
+    return a.encoded;
+}
+
+void* gpt2_dres(GPT2* m) {
+    Acts a;
+    acts_get(m, &a);
+    return a.dres;
 }
 
 /* element offset helpers */
@@ -520,96 +627,109 @@ static void need(const GPT2* m, gpt2_need_fn fn, void* ctx, int layer, int k1, i
 #define NEED_P(layer, k1, k2) need(m, m->need_params, m->need_params_ctx, (layer), (k1), (k2))
 #define NEED_G(layer, k1, k2) need(m, m->need_grads, m->need_grads_ctx, (layer), (k1), (k2))
 
-/* The activations of layer l inside the carved block (with recompute, the
- * shared buffers are the same for every layer). */
+/* The activations of the part's j-th layer (with recompute, the shared
+ * buffers are the same for every layer). */
 typedef struct {
     void *res_in, *ln1, *qkv, *atty, *res2, *ln2, *fch, *fch_gelu, *res3;
-    float* lse;
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lse;
 } LayerActs;
 
-static void layer_acts(const GPT2* m, const Acts* a, int l, LayerActs* la) {
+static void layer_acts(const GPT2* m, const Acts* a, int j, LayerActs* la) {
     size_t BTa = (size_t)m->B * m->T, C = (size_t)m->cfg.channels;
-    size_t lln = m->recompute >= 2 ? 0 : (size_t)l, lg = m->recompute >= 1 ? 0 : (size_t)l;
-    la->res_in = l == 0 ? a->encoded : X(m, a->res3, (size_t)(l - 1) * BTa * C);
+    size_t lln = m->recompute >= 2 ? 0 : (size_t)j, lg = m->recompute >= 1 ? 0 : (size_t)j;
+    la->res_in = j == 0 ? a->encoded : X(m, a->res3, (size_t)(j - 1) * BTa * C);
     la->ln1 = X(m, a->ln1, lln * BTa * C);
-    la->qkv = X(m, a->qkv, (size_t)l * BTa * 3 * C);
-    la->atty = X(m, a->atty, (size_t)l * BTa * C);
-    la->res2 = X(m, a->res2, (size_t)l * BTa * C);
+    la->qkv = X(m, a->qkv, (size_t)j * BTa * 3 * C);
+    la->atty = X(m, a->atty, (size_t)j * BTa * C);
+    la->res2 = X(m, a->res2, (size_t)j * BTa * C);
     la->ln2 = X(m, a->ln2, lln * BTa * C);
-    la->fch = X(m, a->fch, (size_t)l * BTa * 4 * C);
+    la->fch = X(m, a->fch, (size_t)j * BTa * 4 * C);
     la->fch_gelu = X(m, a->fch_gelu, lg * BTa * 4 * C);
-    la->res3 = X(m, a->res3, (size_t)l * BTa * C);
-    la->lse = a->lse + (size_t)l * BTa * (size_t)m->cfg.num_heads;
+    la->res3 = X(m, a->res3, (size_t)j * BTa * C);
+    la->ln1_mean = a->ln1_mean + (size_t)j * BTa;
+    la->ln1_rstd = a->ln1_rstd + (size_t)j * BTa;
+    la->ln2_mean = a->ln2_mean + (size_t)j * BTa;
+    la->ln2_rstd = a->ln2_rstd + (size_t)j * BTa;
+    la->lse = a->lse + (size_t)j * BTa * (size_t)m->cfg.num_heads;
+}
+
+void* gpt2_output(GPT2* m) {
+    Acts a;
+    acts_get(m, &a);
+    LayerActs la;
+    layer_acts(m, &a, m->part.layer_count - 1, &la);
+    return la.res3;
 }
 
 float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T, float dloss) {
     Backend* be = m->be;
     const GPT2Config* c = &m->cfg;
+    const GPT2Part* pt = &m->part;
     if (B > m->B || T > m->T || T > c->max_seq_len)
         fatal("internal: forward with B=%d T=%d exceeds the allocation B=%d T=%d", B, T, m->B, m->T);
     Acts a;
-    /* carve for the allocated (B, T) so that buffers do not move; use B*T of them */
-    acts_layout(m, m->B, m->T, &a, (char*)m->acts);
-    size_t BT = (size_t)B * T, BTa = (size_t)m->B * m->T, C = (size_t)c->channels;
-    int L = c->num_layers, NH = c->num_heads;
-    be->to_device(be, m->inputs_dev, inputs, BT * sizeof(int));
-    memcpy(m->inputs_host_copy, inputs, BT * sizeof(int));
-    if (targets) be->to_device(be, m->targets_dev, targets, BT * sizeof(int));
+    acts_get(m, &a);
+    size_t BT = (size_t)B * T, C = (size_t)c->channels;
+    int NH = c->num_heads, l0 = pt->layer_first, nl = pt->layer_count;
+    if (pt->has_embed) be->to_device(be, a.inputs, inputs, BT * sizeof(int));
+    if (pt->has_head && targets) be->to_device(be, a.targets, targets, BT * sizeof(int));
 
-    NEED_P(-1, GPT2_WTE, GPT2_WPE);
-    be->encoder_forward(be, a.encoded, m->inputs_dev, P(m, m->params, GPT2_WTE, -1),
-                        P(m, m->params, GPT2_WPE, -1), B, T, (int)C);
-    /* layer 0's ln1 stands alone; every later ln1 (and lnf) is fused with the
-     * residual add that ends the previous layer. */
-    NEED_P(0, GPT2_LN1W, GPT2_LN1B);
-    be->layernorm_forward(be, a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded,
-                          P(m, m->params, GPT2_LN1W, 0), P(m, m->params, GPT2_LN1B, 0), (int)BT, (int)C);
-    for (int l = 0; l < L; l++) {
-        LayerActs la;
-        layer_acts(m, &a, l, &la);
-        void *res_in = la.res_in, *ln1 = la.ln1, *qkv = la.qkv, *atty = la.atty, *res2 = la.res2;
-        void *ln2 = la.ln2, *fch = la.fch, *fchg = la.fch_gelu, *res3 = la.res3;
-        float* lse = la.lse;
+    if (pt->has_embed) {
+        NEED_P(-1, GPT2_WTE, GPT2_WPE);
+        be->encoder_forward(be, a.encoded, a.inputs, P(m, m->params, GPT2_WTE, -1), P(m, m->params, GPT2_WPE, -1), B,
+                            T, (int)C);
+    }
+    /* the first layer's ln1 stands alone; every later ln1 (and lnf) is fused
+     * with the residual add that ends the layer before. */
+    LayerActs la;
+    layer_acts(m, &a, 0, &la);
+    NEED_P(l0, GPT2_LN1W, GPT2_LN1B);
+    be->layernorm_forward(be, la.ln1, la.ln1_mean, la.ln1_rstd, a.encoded, P(m, m->params, GPT2_LN1W, l0),
+                          P(m, m->params, GPT2_LN1B, l0), (int)BT, (int)C);
+    for (int j = 0; j < nl; j++) {
+        const int l = l0 + j;
+        layer_acts(m, &a, j, &la);
         NEED_P(l, GPT2_QKVW, GPT2_QKVB);
-        be->matmul_forward(be, qkv, NULL, ln1, P(m, m->params, GPT2_QKVW, l),
-                           P(m, m->params, GPT2_QKVB, l), (int)BT, (int)C, (int)(3 * C));
-        be->attention_forward(be, atty, lse, qkv, B, T, (int)C, NH);
+        be->matmul_forward(be, la.qkv, NULL, la.ln1, P(m, m->params, GPT2_QKVW, l), P(m, m->params, GPT2_QKVB, l),
+                           (int)BT, (int)C, (int)(3 * C));
+        be->attention_forward(be, la.atty, la.lse, la.qkv, B, T, (int)C, NH);
         NEED_P(l, GPT2_ATTPROJW, GPT2_ATTPROJB);
-        be->matmul_forward(be, a.attproj, NULL, atty, P(m, m->params, GPT2_ATTPROJW, l),
+        be->matmul_forward(be, a.attproj, NULL, la.atty, P(m, m->params, GPT2_ATTPROJW, l),
                            P(m, m->params, GPT2_ATTPROJB, l), (int)BT, (int)C, (int)C);
         NEED_P(l, GPT2_LN2W, GPT2_LN2B);
-        be->residual_layernorm_forward(be, res2, ln2, a.ln2_mean + (size_t)l * BTa,
-                                       a.ln2_rstd + (size_t)l * BTa, res_in, a.attproj,
-                                       P(m, m->params, GPT2_LN2W, l), P(m, m->params, GPT2_LN2B, l),
-                                       (int)BT, (int)C);
+        be->residual_layernorm_forward(be, la.res2, la.ln2, la.ln2_mean, la.ln2_rstd, la.res_in, a.attproj,
+                                       P(m, m->params, GPT2_LN2W, l), P(m, m->params, GPT2_LN2B, l), (int)BT,
+                                       (int)C);
         NEED_P(l, GPT2_FCW, GPT2_FCB);
-        be->matmul_forward(be, fchg, fch, ln2, P(m, m->params, GPT2_FCW, l),
+        be->matmul_forward(be, la.fch_gelu, la.fch, la.ln2, P(m, m->params, GPT2_FCW, l),
                            P(m, m->params, GPT2_FCB, l), (int)BT, (int)C, (int)(4 * C));
         NEED_P(l, GPT2_FCPROJW, GPT2_FCPROJB);
-        be->matmul_forward(be, a.fcproj, NULL, fchg, P(m, m->params, GPT2_FCPROJW, l),
+        be->matmul_forward(be, a.fcproj, NULL, la.fch_gelu, P(m, m->params, GPT2_FCPROJW, l),
                            P(m, m->params, GPT2_FCPROJB, l), (int)BT, (int)(4 * C), (int)C);
-        if (l + 1 < L) {
+        if (j + 1 < nl) {
+            LayerActs next;
+            layer_acts(m, &a, j + 1, &next);
             NEED_P(l + 1, GPT2_LN1W, GPT2_LN1B);
-            be->residual_layernorm_forward(be, res3, X(m, a.ln1, (m->recompute >= 2 ? 0 : (size_t)(l + 1)) * BTa * C),
-                                           a.ln1_mean + (size_t)(l + 1) * BTa,
-                                           a.ln1_rstd + (size_t)(l + 1) * BTa, res2, a.fcproj,
-                                           P(m, m->params, GPT2_LN1W, l + 1),
-                                           P(m, m->params, GPT2_LN1B, l + 1), (int)BT, (int)C);
-        } else {
+            be->residual_layernorm_forward(be, la.res3, next.ln1, next.ln1_mean, next.ln1_rstd, la.res2, a.fcproj,
+                                           P(m, m->params, GPT2_LN1W, l + 1), P(m, m->params, GPT2_LN1B, l + 1),
+                                           (int)BT, (int)C);
+        } else if (pt->has_head) {
             NEED_P(-1, GPT2_LNFW, GPT2_LNFB);
-            be->residual_layernorm_forward(be, res3, a.lnf, a.lnf_mean, a.lnf_rstd, res2, a.fcproj,
-                                           P(m, m->params, GPT2_LNFW, -1),
-                                           P(m, m->params, GPT2_LNFB, -1), (int)BT, (int)C);
+            be->residual_layernorm_forward(be, la.res3, a.lnf, a.lnf_mean, a.lnf_rstd, la.res2, a.fcproj,
+                                           P(m, m->params, GPT2_LNFW, -1), P(m, m->params, GPT2_LNFB, -1), (int)BT,
+                                           (int)C);
+        } else {
+            be->residual_forward(be, la.res3, la.res2, a.fcproj, BT * C);   /* the chunk's output */
         }
     }
-    NEED_P(-1, GPT2_WTE, -1);
-    be->matmul_forward(be, a.logits, NULL, a.lnf, P(m, m->params, GPT2_WTE, -1), NULL, (int)BT,
-                       (int)C, c->padded_vocab_size);
     m->cur_B = B;
     m->cur_T = T;
+    if (!pt->has_head) return 0.0f;
+    NEED_P(-1, GPT2_WTE, -1);
+    be->matmul_forward(be, a.logits, NULL, a.lnf, P(m, m->params, GPT2_WTE, -1), NULL, (int)BT, (int)C,
+                       c->padded_vocab_size);
     if (!targets) return 0.0f;
-    be->fused_classifier(be, a.logits, a.losses, m->targets_dev, dloss, (int)BT, c->vocab_size,
-                         c->padded_vocab_size);
+    be->fused_classifier(be, a.logits, a.losses, a.targets, dloss, (int)BT, c->vocab_size, c->padded_vocab_size);
     be->to_host(be, m->losses_host, a.losses, BT * sizeof(float));
     double sum = 0.0;
     for (size_t i = 0; i < BT; i++) sum += m->losses_host[i];
@@ -621,74 +741,15 @@ static void mark_layer(GPT2* m, int layer, gpt2_ready_fn ready, void* ctx) {
     for (int k = GPT2_LN1W; k <= GPT2_FCPROJB; k++) ready(ctx, gpt2_tensor(m, k, layer)->layout_index);
 }
 
-void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx) {
+/* The end of backward: wte's gradient = the lm head's dW (head; the GEMM,
+ * first) + the encoder's token rows (embeddings); wpe's = the encoder's
+ * position rows. */
+static void embeddings_backward(GPT2* m, const Acts* a, gpt2_ready_fn ready, void* ctx) {
     Backend* be = m->be;
     const GPT2Config* c = &m->cfg;
+    const GPT2Part* pt = &m->part;
     int B = m->cur_B, T = m->cur_T;
-    Acts a;
-    acts_layout(m, m->B, m->T, &a, (char*)m->acts);
-    size_t BT = (size_t)B * T, BTa = (size_t)m->B * m->T, C = (size_t)c->channels;
-    int L = c->num_layers, NH = c->num_heads;
-    void* W = m->params;
-
-    /* classifier: forward left dlogits in logits. Only dX here; the lm head's dW
-     * (into wte's gradient) waits for the end of backward, where the
-     * encoder's rows are added too. Nothing below overwrites logits or lnf
-     * (backward's scratch is dres/dbtc/dqkv/dfch; recompute rewrites only
-     * the per-layer ln1/ln2/GELU buffers). */
-    be->matmul_backward(be, a.dbtc, NULL, NULL, a.logits, a.lnf, P(m, W, GPT2_WTE, -1), NULL, (int)BT,
-                        (int)C, c->padded_vocab_size);
-    be->zero(be, a.dres, BT * C * dtype_size(be->dtype));
-    NEED_G(-1, GPT2_LNFW, GPT2_LNFB);
-    be->layernorm_backward(be, a.dres, GP(m, GPT2_LNFW, -1), GP(m, GPT2_LNFB, -1), a.dbtc,
-                           X(m, a.res3, (size_t)(L - 1) * BTa * C), P(m, W, GPT2_LNFW, -1),
-                           a.lnf_mean, a.lnf_rstd, (int)BT, (int)C);
-    if (ready) {
-        ready(ctx, gpt2_tensor(m, GPT2_LNFW, -1)->layout_index);
-        ready(ctx, gpt2_tensor(m, GPT2_LNFB, -1)->layout_index);
-    }
-    for (int l = L - 1; l >= 0; l--) {
-        LayerActs la;
-        layer_acts(m, &a, l, &la);
-        void *res_in = la.res_in, *ln1 = la.ln1, *qkv = la.qkv, *atty = la.atty, *res2 = la.res2;
-        void *ln2 = la.ln2, *fch = la.fch, *fchg = la.fch_gelu;
-        float* lse = la.lse;
-        /* recompute what forward did not keep (the shared buffers hold another layer's) */
-        if (m->recompute >= 1) be->gelu_forward(be, fchg, fch, BT * 4 * C);
-        if (m->recompute >= 2) {
-            be->layernorm_forward(be, ln2, a.ln2_mean + (size_t)l * BTa, a.ln2_rstd + (size_t)l * BTa,
-                                  res2, P(m, W, GPT2_LN2W, l), P(m, W, GPT2_LN2B, l), (int)BT, (int)C);
-        }
-        /* MLP: dres is the gradient of res3 (= res2 + fcproj) */
-        NEED_G(l, GPT2_FCPROJW, GPT2_FCPROJB);
-        be->matmul_backward(be, a.dfch, GP(m, GPT2_FCPROJW, l), GP(m, GPT2_FCPROJB, l), a.dres,
-                            fchg, P(m, W, GPT2_FCPROJW, l), fch, (int)BT, (int)(4 * C), (int)C);
-        NEED_G(l, GPT2_FCW, GPT2_FCB);
-        be->matmul_backward(be, a.dbtc, GP(m, GPT2_FCW, l), GP(m, GPT2_FCB, l), a.dfch, ln2,
-                            P(m, W, GPT2_FCW, l), NULL, (int)BT, (int)C, (int)(4 * C));
-        NEED_G(l, GPT2_LN2W, GPT2_LN2B);
-        be->layernorm_backward(be, a.dres, GP(m, GPT2_LN2W, l), GP(m, GPT2_LN2B, l), a.dbtc,
-                               res2, P(m, W, GPT2_LN2W, l), a.ln2_mean + (size_t)l * BTa,
-                               a.ln2_rstd + (size_t)l * BTa, (int)BT, (int)C);
-        /* attention: from here dres is the gradient of res2 (= res_in + attproj) */
-        NEED_G(l, GPT2_ATTPROJW, GPT2_ATTPROJB);
-        be->matmul_backward(be, a.dbtc, GP(m, GPT2_ATTPROJW, l), GP(m, GPT2_ATTPROJB, l),
-                            a.dres, atty, P(m, W, GPT2_ATTPROJW, l), NULL, (int)BT, (int)C, (int)C);
-        be->attention_backward(be, a.dqkv, a.dbtc, qkv, atty, lse, B, T, (int)C, NH);
-        if (m->recompute >= 2)
-            be->layernorm_forward(be, ln1, a.ln1_mean + (size_t)l * BTa, a.ln1_rstd + (size_t)l * BTa,
-                                  res_in, P(m, W, GPT2_LN1W, l), P(m, W, GPT2_LN1B, l), (int)BT, (int)C);
-        NEED_G(l, GPT2_QKVW, GPT2_QKVB);
-        be->matmul_backward(be, a.dbtc, GP(m, GPT2_QKVW, l), GP(m, GPT2_QKVB, l), a.dqkv, ln1,
-                            P(m, W, GPT2_QKVW, l), NULL, (int)BT, (int)C, (int)(3 * C));
-        NEED_G(l, GPT2_LN1W, GPT2_LN1B);
-        be->layernorm_backward(be, a.dres, GP(m, GPT2_LN1W, l), GP(m, GPT2_LN1B, l), a.dbtc,
-                               res_in, P(m, W, GPT2_LN1W, l), a.ln1_mean + (size_t)l * BTa,
-                               a.ln1_rstd + (size_t)l * BTa, (int)BT, (int)C);
-        mark_layer(m, l, ready, ctx);
-    }
-    /* embeddings: wte's gradient = the lm head's dW (the GEMM, first) + the
-     * encoder's token rows; wpe's = the encoder's position rows */
+    size_t BT = (size_t)B * T, C = (size_t)c->channels;
     const GPT2Tensor* te = gpt2_tensor(m, GPT2_WTE, -1);
     const GPT2Tensor* tp = gpt2_tensor(m, GPT2_WPE, -1);
     const int Vp = c->padded_vocab_size;
@@ -697,17 +758,17 @@ void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx) {
          * contiguous range there. The dW GEMM chunk by chunk anyway (the same
          * GEMMs as ZeRO-2's, so the two give the same bits on every backend),
          * then one encoder backward for all rows (one sort on CUDA). */
-        NEED_G(-1, GPT2_WTE, GPT2_WPE);
-        for (int k = 0; k < te->nchunks; k++) {
+        NEED_G(-1, GPT2_WTE, pt->has_embed ? GPT2_WPE : -1);
+        for (int k = 0; pt->has_head && k < te->nchunks; k++) {
             int li = te->layout_index + k;
             const LayoutParam* lp = &m->layout->params[li];
-            be->matmul_backward_weight(be, GPL(m, li), X(m, a.logits, lp->spec_off / C), Vp, a.lnf, (int)BT,
+            be->matmul_backward_weight(be, GPL(m, li), X(m, a->logits, lp->spec_off / C), Vp, a->lnf, (int)BT,
                                        (int)C, (int)(lp->numel / C));
         }
-        be->encoder_backward(be, GP(m, GPT2_WTE, -1), GP(m, GPT2_WPE, -1), a.dres, m->inputs_dev, B, T,
-                             (int)C);
+        if (pt->has_embed)
+            be->encoder_backward(be, GP(m, GPT2_WTE, -1), GP(m, GPT2_WPE, -1), a->dres, a->inputs, B, T, (int)C);
         if (ready) {
-            ready(ctx, tp->layout_index);
+            if (pt->has_embed) ready(ctx, tp->layout_index);
             for (int k = 0; k < te->nchunks; k++) ready(ctx, te->layout_index + k);
         }
         return;
@@ -716,24 +777,98 @@ void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx) {
      * wte chunk at a time, so that only a chunk's worth of wte gradient is
      * being written at once and each chunk's reduction starts as soon as it
      * is done */
-    NEED_G(-1, GPT2_WPE, -1);
-    be->encoder_backward_range(be, NULL, GP(m, GPT2_WPE, -1), a.dres, m->inputs_dev, B, T, (int)C, 0, 0);
-    if (ready) ready(ctx, tp->layout_index);
+    if (pt->has_embed) {
+        NEED_G(-1, GPT2_WPE, -1);
+        be->encoder_backward_range(be, NULL, GP(m, GPT2_WPE, -1), a->dres, a->inputs, B, T, (int)C, 0, 0);
+        if (ready) ready(ctx, tp->layout_index);
+    }
     for (int k = 0; k < te->nchunks; k++) {
         int li = te->layout_index + k;
         const LayoutParam* lp = &m->layout->params[li];
         const int r0 = (int)(lp->spec_off / C), rows = (int)(lp->numel / C);
         if (m->need_grads) m->need_grads(m->need_grads_ctx, &li, 1);
         void* g = GPL(m, li);
-        be->matmul_backward_weight(be, g, X(m, a.logits, (size_t)r0), Vp, a.lnf, (int)BT, (int)C, rows);
-        be->encoder_backward_range(be, g, NULL, a.dres, m->inputs_dev, B, T, (int)C, r0, r0 + rows);
+        if (pt->has_head)
+            be->matmul_backward_weight(be, g, X(m, a->logits, (size_t)r0), Vp, a->lnf, (int)BT, (int)C, rows);
+        if (pt->has_embed)
+            be->encoder_backward_range(be, g, NULL, a->dres, a->inputs, B, T, (int)C, r0, r0 + rows);
         if (ready) ready(ctx, li);
     }
 }
 
-void gpt2_logits_row(GPT2* m, int b, int t, float* out) {
+void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx) {
+    Backend* be = m->be;
+    const GPT2Config* c = &m->cfg;
+    const GPT2Part* pt = &m->part;
+    int B = m->cur_B, T = m->cur_T;
     Acts a;
-    acts_layout(m, m->B, m->T, &a, (char*)m->acts);
+    acts_get(m, &a);
+    size_t BT = (size_t)B * T, C = (size_t)c->channels;
+    int NH = c->num_heads, l0 = pt->layer_first, nl = pt->layer_count;
+    void* W = m->params;
+    LayerActs la;
+
+    if (pt->has_head) {
+        /* classifier: forward left dlogits in logits. Only dX here; the lm
+         * head's dW (into wte's gradient) waits for the end of backward, where
+         * the encoder's rows are added too. Nothing below overwrites logits or
+         * lnf (backward's scratch is dres/dbtc/dqkv/dfch; recompute rewrites
+         * only the shared ln1/ln2/GELU buffers). */
+        be->matmul_backward(be, a.dbtc, NULL, NULL, a.logits, a.lnf, P(m, W, GPT2_WTE, -1), NULL, (int)BT, (int)C,
+                            c->padded_vocab_size);
+        be->zero(be, a.dres, BT * C * dtype_size(be->dtype));
+        layer_acts(m, &a, nl - 1, &la);
+        NEED_G(-1, GPT2_LNFW, GPT2_LNFB);
+        be->layernorm_backward(be, a.dres, GP(m, GPT2_LNFW, -1), GP(m, GPT2_LNFB, -1), a.dbtc, la.res3,
+                               P(m, W, GPT2_LNFW, -1), a.lnf_mean, a.lnf_rstd, (int)BT, (int)C);
+        if (ready) {
+            ready(ctx, gpt2_tensor(m, GPT2_LNFW, -1)->layout_index);
+            ready(ctx, gpt2_tensor(m, GPT2_LNFB, -1)->layout_index);
+        }
+    }
+    /* (without the head, the caller put the output's gradient in dres) */
+    for (int j = nl - 1; j >= 0; j--) {
+        const int l = l0 + j;
+        layer_acts(m, &a, j, &la);
+        /* recompute what forward did not keep (the shared buffers hold another layer's) */
+        if (m->recompute >= 1) be->gelu_forward(be, la.fch_gelu, la.fch, BT * 4 * C);
+        if (m->recompute >= 2)
+            be->layernorm_forward(be, la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, P(m, W, GPT2_LN2W, l),
+                                  P(m, W, GPT2_LN2B, l), (int)BT, (int)C);
+        /* MLP: dres is the gradient of res3 (= res2 + fcproj) */
+        NEED_G(l, GPT2_FCPROJW, GPT2_FCPROJB);
+        be->matmul_backward(be, a.dfch, GP(m, GPT2_FCPROJW, l), GP(m, GPT2_FCPROJB, l), a.dres, la.fch_gelu,
+                            P(m, W, GPT2_FCPROJW, l), la.fch, (int)BT, (int)(4 * C), (int)C);
+        NEED_G(l, GPT2_FCW, GPT2_FCB);
+        be->matmul_backward(be, a.dbtc, GP(m, GPT2_FCW, l), GP(m, GPT2_FCB, l), a.dfch, la.ln2, P(m, W, GPT2_FCW, l),
+                            NULL, (int)BT, (int)C, (int)(4 * C));
+        NEED_G(l, GPT2_LN2W, GPT2_LN2B);
+        be->layernorm_backward(be, a.dres, GP(m, GPT2_LN2W, l), GP(m, GPT2_LN2B, l), a.dbtc, la.res2,
+                               P(m, W, GPT2_LN2W, l), la.ln2_mean, la.ln2_rstd, (int)BT, (int)C);
+        /* attention: from here dres is the gradient of res2 (= res_in + attproj) */
+        NEED_G(l, GPT2_ATTPROJW, GPT2_ATTPROJB);
+        be->matmul_backward(be, a.dbtc, GP(m, GPT2_ATTPROJW, l), GP(m, GPT2_ATTPROJB, l), a.dres, la.atty,
+                            P(m, W, GPT2_ATTPROJW, l), NULL, (int)BT, (int)C, (int)C);
+        be->attention_backward(be, a.dqkv, a.dbtc, la.qkv, la.atty, la.lse, B, T, (int)C, NH);
+        if (m->recompute >= 2)
+            be->layernorm_forward(be, la.ln1, la.ln1_mean, la.ln1_rstd, la.res_in, P(m, W, GPT2_LN1W, l),
+                                  P(m, W, GPT2_LN1B, l), (int)BT, (int)C);
+        NEED_G(l, GPT2_QKVW, GPT2_QKVB);
+        be->matmul_backward(be, a.dbtc, GP(m, GPT2_QKVW, l), GP(m, GPT2_QKVB, l), a.dqkv, la.ln1,
+                            P(m, W, GPT2_QKVW, l), NULL, (int)BT, (int)C, (int)(3 * C));
+        NEED_G(l, GPT2_LN1W, GPT2_LN1B);
+        be->layernorm_backward(be, a.dres, GP(m, GPT2_LN1W, l), GP(m, GPT2_LN1B, l), a.dbtc, la.res_in,
+                               P(m, W, GPT2_LN1W, l), la.ln1_mean, la.ln1_rstd, (int)BT, (int)C);
+        mark_layer(m, l, ready, ctx);
+    }
+    /* dres is now the gradient of the part's input (the pipeline sends it back) */
+    if (pt->has_embed || pt->has_head) embeddings_backward(m, &a, ready, ctx);
+}
+
+void gpt2_logits_row(GPT2* m, int b, int t, float* out) {
+    if (!m->part.has_head) fatal("internal: gpt2_logits_row on a model chunk without the head");
+    Acts a;
+    acts_get(m, &a);
     size_t row = (size_t)b * m->cur_T + t;
     size_t Vp = (size_t)m->cfg.padded_vocab_size, V = (size_t)m->cfg.vocab_size;
     const void* src = X(m, a.logits, row * Vp);
@@ -760,14 +895,9 @@ void gpt2_free(GPT2* m) {
         size_t bytes = m->layout->total * dtype_size(be->dtype);
         be->release(be, m->params, bytes, MEM_PARAMS);
         if (m->grads) be->release(be, m->grads, bytes, MEM_GRADS);
-        if (m->acts) {
-            be->release(be, m->acts, m->acts_bytes, MEM_ACTIVATIONS);
-            be->release(be, m->inputs_dev, (size_t)m->B * m->T * sizeof(int), MEM_ACTIVATIONS);
-            be->release(be, m->targets_dev, (size_t)m->B * m->T * sizeof(int), MEM_ACTIVATIONS);
-        }
+        if (m->acts) be->release(be, m->acts, m->acts_bytes, MEM_ACTIVATIONS);
     }
     free(m->losses_host);
-    free(m->inputs_host_copy);
     free(m->tensors);
     free(m->layout_to_tensor);
     free(m->grad_ptr);

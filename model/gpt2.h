@@ -49,8 +49,21 @@ enum {
     GPT2_LNFW, GPT2_LNFB, GPT2_NUM_KINDS
 };
 
+/* The part of the model one GPT2 object holds. A zeroed part is the whole
+ * model; a pipeline's model chunk holds layers [layer_first, layer_first +
+ * layer_count) and, on the first chunk, the embeddings (wte, wpe: the
+ * encoder), on the last, the final layernorm and the LM head (lnf, and wte
+ * again: the head is tied to the token embedding). */
+typedef struct {
+    int layer_first, layer_count;  /* layer_count 0: every layer, embeddings and head */
+    int has_embed;                 /* wte and wpe; the forward starts from token ids */
+    int has_head;                  /* lnf and the tied wte; the forward ends in the loss */
+} GPT2Part;
+
 typedef struct {
     int kind, layer;        /* layer = -1 for the non-layer tensors */
+    int present;            /* held by this model (its part); the others are described but
+                             * have no place in the layout */
     size_t numel;
     size_t file_off;        /* element offset in llm.c's file order */
     size_t buf_off;         /* element offset in the flat buffers (from the layout) */
@@ -77,12 +90,15 @@ typedef void (*gpt2_need_fn)(void* ctx, const int* layout_indices, int n);
  * activations (gpt2_free releases them); be and layout are borrowed and must outlive it. */
 typedef struct {
     GPT2Config cfg;
+    GPT2Part part;          /* set before gpt2_describe (zeroed: the whole model); describe fills it in */
     Backend* be;            /* borrowed, set by gpt2_bind */
-    int ntensors;           /* 12 L + 4 */
+    int ntensors;           /* 12 L + 4, present or not */
+    int npresent;           /* tensors of this part: the layout's specs */
     GPT2Tensor* tensors;    /* in llm.c file order */
     int* layout_to_tensor;  /* layout index -> tensor index (gpt2_describe: one entry per
                              * spec; gpt2_bind: one per layout parameter, nlayout) */
-    size_t num_parameters;  /* sum of numel (padded vocab rows included) */
+    size_t num_parameters;  /* of the whole model: sum of numel (padded vocab rows included) */
+    size_t part_parameters; /* of the tensors present */
     const Layout* layout;   /* borrowed, set by gpt2_bind (gpt2_free reads its total) */
     void* params;           /* flat buffers, layout->total elements of be->dtype */
     void* grads;            /* NULL when shard_grads */
@@ -93,18 +109,19 @@ typedef struct {
                              * (NULL when shard_grads) */
     gpt2_need_fn need_params, need_grads;  /* optional hooks (NULL = none) */
     void *need_params_ctx, *need_grads_ctx;
-    /* activations, allocated for (B, T) by gpt2_alloc_activations */
+    /* activations, allocated for (B, T) by gpt2_alloc_activations: nslots blocks of what
+     * forward keeps for backward (a pipeline keeps several micro-batches in flight; slot
+     * `slot` is the one forward and backward use, gpt2_use_slot) and one scratch block */
     int B, T;
+    int nslots;             /* set before gpt2_alloc_activations (0 means 1) */
+    int slot;
     int recompute;          /* activation recomputation, set before gpt2_alloc_activations:
                              * 0 none; 1 GELU outputs recomputed in backward (one shared
                              * [B,T,4C] buffer instead of L); 2 also the layernorm outputs
                              * ln1, ln2 (one shared [B,T,C] each) */
-    void* acts;             /* one block */
-    size_t acts_bytes;
-    int* inputs_dev;
-    int* targets_dev;
+    void* acts;             /* nslots blocks of slot_bytes, then the scratch block */
+    size_t acts_bytes, slot_bytes;
     float* losses_host;
-    int* inputs_host_copy;  /* the inputs of the last forward */
     int cur_B, cur_T;       /* shape of the last forward */
     int nlayout;            /* layout parameters (gpt2_bind): ntensors + the extra row chunks */
 } GPT2;
@@ -140,9 +157,15 @@ void gpt2_read_header(const char* path, GPT2Config* cfg, int* file_dtype_version
 int gpt2_tensor_index(const GPT2Config* cfg, int kind, int layer);
 /* &m->tensors[gpt2_tensor_index(&m->cfg, kind, layer)]; m described (gpt2_describe). */
 GPT2Tensor* gpt2_tensor(const GPT2* m, int kind, int layer);
-/* The model's tensors (sets m->cfg, m->tensors, m->num_parameters) and the
- * layout specs in backward-finish order, with *n = ntensors (wte's spec has
- * row_len = C: the layout may cut it into row chunks). m zeroed; cfg checked
+/* The model's tensors (sets m->cfg, m->tensors, m->num_parameters, and
+ * fills in m->part) and the layout specs of the tensors of its part, in
+ * backward-finish order: lnf (head), the layers from the last down, wpe, wte
+ * (embed or head); *n = npresent. wte's spec has row_len = C (the layout may
+ * cut it into row chunks); in a model chunk (not the whole model) wte also
+ * starts a bucket of its own, so that the first and the last chunk, each
+ * holding a copy of the tied embedding, lay it out alike: the same buckets
+ * and, at every data-parallel size, the same slices. m zeroed but for
+ * m->part (fatal, one line, on a part outside the model); cfg checked
  * (a decoded header or a preset). The caller frees the specs, whose names
  * point into m->tensors; gpt2_free frees what this allocates in m (a model
  * only described can be freed with it too). */
@@ -158,27 +181,54 @@ void gpt2_bind(GPT2* m, Backend* be, const Layout* L);
  * tensor has its own stream, so the values depend on neither the layout nor
  * the thread count. */
 void gpt2_init_random(GPT2* m, uint64_t seed);
-/* llm.c model files, after gpt2_bind. load: fatal on a bad file (gpt2_read_header's checks), a
- * shape that differs from m->cfg or a non-finite value. save: version 3 (fp32) or 5 (bf16),
- * written to path.tmp, then renamed over path. */
+/* llm.c model files, after gpt2_bind. load: the present tensors, from their
+ * places in the file; fatal on a bad file (gpt2_read_header's checks), a
+ * shape that differs from m->cfg or a non-finite value. save (the whole
+ * model only): version 3 (fp32) or 5 (bf16), written to path.tmp, then
+ * renamed over path. */
 void gpt2_load(GPT2* m, const char* path);
 void gpt2_save(GPT2* m, const char* path, int version);
-/* Parameters as fp32 in llm.c file order (host array of num_parameters), after gpt2_bind. */
+/* The present tensors (but wte when skip_wte), in the format of version
+ * (3 or 5), written with pwrite at their places in an open model file fd:
+ * byte GPT2_HEADER_INTS*4 + file_off * element size. Several processes
+ * holding different parts write one file this way. 0, or -1 with a one-line
+ * reason in err. */
+int gpt2_write_tensors(GPT2* m, int fd, int version, int skip_wte, char* err, size_t errlen);
+/* Parameters as fp32 in llm.c file order (host array of num_parameters; the
+ * present tensors only), after gpt2_bind. */
 void gpt2_params_to_host(GPT2* m, float* out);
 void gpt2_grads_to_host(GPT2* m, float* out);   /* fatal when shard_grads */
 void gpt2_params_from_host(GPT2* m, const float* in);
 
-/* The activations for batches of up to B x T tokens (m->recompute set before), after gpt2_bind;
- * once per model. */
+/* The activations for batches of up to B x T tokens (m->recompute and
+ * m->nslots set before), after gpt2_bind; once per model. */
 void gpt2_alloc_activations(GPT2* m, int B, int T);
-/* Forward over inputs[B*T] (host ids). With targets (host ids), returns the
- * mean loss; if also dloss != 0 the logits are replaced by their gradient
- * times dloss, ready for gpt2_backward. B, T may be smaller than allocated.
- * Calls need_params (if set) before each kernel that reads parameters, with
- * the tensors that kernel reads; every tensor is read, so after a forward
- * every hook-guarded parameter has been asked for. */
+/* The slot (0 .. nslots-1) the next forward fills and the next backward
+ * reads: the activations of one micro-batch in flight. */
+void gpt2_use_slot(GPT2* m, int slot);
+/* [B, T, C] buffers of the current slot, for the pipeline's transfers:
+ *   gpt2_input   the chunk's input activations (no embeddings: written by the
+ *                caller before forward; with embeddings: the encoder's output);
+ *   gpt2_output  the chunk's output, the residual stream after its last layer
+ *                (no head: valid after forward until the slot is reused).
+ * gpt2_dres: the backward's residual-gradient buffer, shared by the slots: no
+ * head: written by the caller before backward with the gradient of the
+ * output; no embeddings: after backward, the gradient of the input, valid
+ * until the next backward. */
+void* gpt2_input(GPT2* m);
+void* gpt2_output(GPT2* m);
+void* gpt2_dres(GPT2* m);
+/* Forward over the current slot. With embeddings, from inputs[B*T] (host
+ * ids); without, from gpt2_input (inputs unused). With the head and targets
+ * (host ids), returns the mean loss, and if also dloss != 0 the logits are
+ * replaced by their gradient times dloss, ready for gpt2_backward; otherwise
+ * returns 0. B, T may be smaller than allocated. Calls need_params (if set)
+ * before each kernel that reads parameters, with the tensors that kernel
+ * reads; every present tensor is read, so after a forward every hook-guarded
+ * parameter has been asked for. */
 float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T, float dloss);
-/* Backward of the last forward (which had dloss != 0): grads += ... through
+/* Backward of the current slot's forward (which, with the head, had dloss != 0; without,
+ * gpt2_dres holds the gradient of the output): grads += ... through
  * grad_ptr, calling need_grads (if set) before each kernel that accumulates
  * into parameter gradients, and ready(ctx, layout_index) for each layout
  * parameter as its gradient becomes final. The lm head's weight gradient
@@ -190,7 +240,7 @@ float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T,
  * those rows, ready. Either way each element of wte's gradient gets the
  * GEMM's terms and then the encoder's, in the same order. */
 void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx);
-/* Logits of position (b, t) of the last forward, first V columns, as fp32 on
+/* Logits (the head) of position (b, t) of the last forward, first V columns, as fp32 on
  * the host (out has V floats). Only after a forward with dloss = 0 (with
  * dloss != 0 the logits hold their gradient). */
 void gpt2_logits_row(GPT2* m, int b, int t, float* out);
