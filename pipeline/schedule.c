@@ -108,8 +108,8 @@ static void pp_order_at(PPScheduleKind kind, int P, int V, int m, int k, int bac
 int pp_schedule(PPScheduleKind kind, int P, int V, int m, int p, PPOp* ops, char* err, size_t errlen) {
     if (err && errlen) err[0] = '\0';
     if (P < 1 || V < 1 || m < 1) {
-        pp_set_err(err, errlen, "pipeline ranks (%d), virtual stages (%d) and micro-batches (%d) must be >= 1",
-                   P, V, m);
+        pp_set_err(err, errlen,
+                   "pipeline ranks (%d), virtual stages (%d) and micro-batches (%d) must be >= 1", P, V, m);
         return -1;
     }
     if (p < 0 || p >= P) {
@@ -125,8 +125,8 @@ int pp_schedule(PPScheduleKind kind, int P, int V, int m, int p, PPOp* ops, char
         return -1;
     }
     if (V > 1 && kind == PP_1F1B) {
-        pp_set_err(err, errlen, "the 1f1b schedule without interleaving takes one model chunk per rank (V = %d)",
-                   V);
+        pp_set_err(err, errlen,
+                   "the 1f1b schedule without interleaving takes one model chunk per rank (V = %d)", V);
         return -1;
     }
     if (V == 1 && kind == PP_INTERLEAVED) {
@@ -134,7 +134,8 @@ int pp_schedule(PPScheduleKind kind, int P, int V, int m, int p, PPOp* ops, char
         return -1;
     }
     if (V > (1 << 20) / m || P > (1 << 20) / V) {
-        pp_set_err(err, errlen, "pipeline too large: %d ranks x %d virtual stages x %d micro-batches", P, V, m);
+        pp_set_err(err, errlen, "pipeline too large: %d ranks x %d virtual stages x %d micro-batches", P,
+                   V, m);
         return -1;
     }
     /* The interleaved list of m micro-batches is that of mg, the next multiple of P, less the ops
@@ -168,8 +169,8 @@ static const char* pp_kind_name(int kind) { return kind == PP_FWD ? "F" : kind =
 int pp_check_ops(const PPOp* ops, int n, int V, int m, int check_slots, char* err, size_t errlen) {
     if (err && errlen) err[0] = '\0';
     if (V < 1 || m < 1 || n != 2 * V * m || !ops) {
-        pp_set_err(err, errlen, "a list of %d ops for %d chunks x %d micro-batches (needs 2*V*m = %d)", n, V, m,
-                   2 * V * m);
+        pp_set_err(err, errlen, "a list of %d ops for %d chunks x %d micro-batches (needs 2*V*m = %d)", n,
+                   V, m, 2 * V * m);
         return -1;
     }
     /* state[v*m + i]: 0 nothing yet, 1 forward done, 2 backward done; fslot: the forward's slot */
@@ -186,8 +187,8 @@ int pp_check_ops(const PPOp* ops, int n, int V, int m, int check_slots, char* er
         const PPOp* o = &ops[k];
         if ((o->kind != PP_FWD && o->kind != PP_BWD) || o->chunk < 0 || o->chunk >= V || o->micro < 0 ||
             o->micro >= m) {
-            pp_set_err(err, errlen, "op %d (kind %d, chunk %d, micro-batch %d) out of range", k, o->kind, o->chunk,
-                       o->micro);
+            pp_set_err(err, errlen, "op %d (kind %d, chunk %d, micro-batch %d) out of range", k, o->kind,
+                       o->chunk, o->micro);
             rc = -1;
             break;
         }
@@ -209,8 +210,10 @@ int pp_check_ops(const PPOp* ops, int n, int V, int m, int check_slots, char* er
         } else if (check_slots && o->kind == PP_FWD) {
             for (int i = 0; i < m; i++) {
                 if (state[o->chunk * m + i] == 1 && fslot[o->chunk * m + i] == o->slot) {
-                    pp_set_err(err, errlen, "op %d: F of chunk %d, micro-batch %d takes slot %d, still held by "
-                               "micro-batch %d", k, o->chunk, o->micro, o->slot, i);
+                    pp_set_err(err, errlen,
+                               "op %d: F of chunk %d, micro-batch %d takes slot %d, still held by "
+                               "micro-batch %d",
+                               k, o->chunk, o->micro, o->slot, i);
                     rc = -1;
                     break;
                 }
@@ -277,8 +280,9 @@ int pp_simulate_ops(int P, int V, int m, const PPOp* const* ops, int t_fwd, int 
                     PPSimResult* r, char* err, size_t errlen) {
     if (err && errlen) err[0] = '\0';
     if (P < 1 || P > PP_SIM_MAX_RANKS || V < 1 || m < 1 || t_fwd < 1 || t_bwd < 1 || !ops || !r) {
-        pp_set_err(err, errlen, "simulator arguments out of range (P %d in [1, %d], V %d, m %d, t_fwd %d, t_bwd %d)",
-                   P, PP_SIM_MAX_RANKS, V, m, t_fwd, t_bwd);
+        pp_set_err(err, errlen,
+                   "simulator arguments out of range (P %d in [1, %d], V %d, m %d, t_fwd %d, t_bwd %d)", P,
+                   PP_SIM_MAX_RANKS, V, m, t_fwd, t_bwd);
         return -1;
     }
     int n = 2 * V * m, C = P * V;
@@ -334,9 +338,9 @@ int pp_simulate_ops(int P, int V, int m, const PPOp* const* ops, int t_fwd, int 
             int c = o->chunk * P + p, wc = o->kind == PP_FWD ? c - 1 : c + 1, q = wc % P;
             const PPOp* w = &ops[q][pos[q]];   /* rank q has not run wc's op: it is stuck too */
             pp_set_err(err, errlen,
-                       "deadlock: rank %d stops at op %d (%s of chunk %d, micro-batch %d) waiting for rank %d's %s "
-                       "of chunk %d, micro-batch %d; rank %d stops at op %d (%s of chunk %d, micro-batch %d); "
-                       "%d ops not run",
+                       "deadlock: rank %d stops at op %d (%s of chunk %d, micro-batch %d) waiting for rank "
+                       "%d's %s of chunk %d, micro-batch %d; rank %d stops at op %d (%s of chunk %d, "
+                       "micro-batch %d); %d ops not run",
                        p, pos[p], pp_kind_name(o->kind), o->chunk, o->micro, q, pp_kind_name(o->kind), wc / P,
                        o->micro, q, pos[q], pp_kind_name(w->kind), w->chunk, w->micro, left);
             rc = -1;

@@ -38,9 +38,9 @@
  *
  * Messages: under every schedule above, the activations that one rank sends to another are
  * received there in the order they are sent, and so are the gradients, so one in-order channel per
- * (sender, receiver, activations or gradients) suffices (PPSimResult.in_order checks it). pp_simulate assumes sends do
- * not wait for the receiver (buffered or non-blocking); a rank that blocks in a send until the
- * matching receive is posted may deadlock where the simulator finds none.
+ * (sender, receiver, activations or gradients) suffices (PPSimResult.in_order checks it).
+ * pp_simulate assumes sends do not wait for the receiver (buffered or non-blocking); a rank that
+ * blocks in a send until the matching receive is posted may deadlock where the simulator finds none.
  *
  * Activation slots: pp_schedule gives every op a slot: F takes the lowest slot of its chunk that
  * no micro-batch in flight on that chunk holds, its B uses (and then frees) the same slot. So chunk
