@@ -73,8 +73,8 @@ typedef struct {
     int slot;    /* the activation slot of (chunk, micro): see "Activation slots" above */
 } PPOp;
 
-/* The schedule a --pipeline_schedule name selects: "1f1b" is PP_1F1B for V = 1 and PP_INTERLEAVED
- * for V > 1; "gpipe" is PP_GPIPE. Unknown name or V < 1: -1. Returns 0 and sets *kind. */
+/* The schedule a name selects: "1f1b" is PP_1F1B for V = 1 and PP_INTERLEAVED for V > 1; "gpipe"
+ * is PP_GPIPE. Unknown name or V < 1: -1. Returns 0 and sets *kind. */
 int pp_schedule_kind(int V, const char* name, PPScheduleKind* kind, char* err, size_t errlen);
 
 /* "1f1b", "interleaved" or "gpipe" (NULL for an unknown kind). */

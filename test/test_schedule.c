@@ -558,11 +558,15 @@ static int print_table(int P, int V, int m, const char* name, int tf, int tb) {
     int w = V == 1 ? (m > 10 ? 3 : 2) : (m > 10 ? 5 : 4);
     printf("%s, P=%d V=%d m=%d, F=%d B=%d time units: makespan %d, bubble %.4f ((P-1)/(V*m) = %.4f)\n",
            pp_schedule_name(kind), P, V, m, tf, tb, r.makespan, r.bubble, r.ideal_bubble);
-    printf("%-6s", "t");
-    for (int t = 0; t < r.makespan; t++) printf(" %-*d", w, t);
-    printf("\n");
+    /* each line built in line[]: the header's trailing blanks go */
+    size_t cap = (size_t)(r.makespan + 2) * (w + 1) + 64, len = 0;
+    char* line = malloc(cap);
+    for (int t = 0; t < r.makespan; t++) len += snprintf(line + len, cap - len, " %-*d", w, t);
+    while (len > 0 && line[len - 1] == ' ') line[--len] = '\0';
+    printf("t     %s\n", line);
     for (int p = 0; p < P; p++) {
-        printf("rank %d", p);
+        len = 0;
+        line[0] = '\0';
         int k = 0;
         for (int t = 0; t < r.makespan; t++) {
             while (k < n && starts[p][k] + (lists[p][k].kind == PP_FWD ? tf : tb) <= t) k++;
@@ -574,10 +578,11 @@ static int print_table(int P, int V, int m, const char* name, int tf, int tb) {
                 else
                     snprintf(cell, sizeof cell, "%c%d.%d", o->kind == PP_FWD ? 'F' : 'B', o->chunk, o->micro);
             }
-            printf(" %-*s", w, cell);
+            len += snprintf(line + len, cap - len, " %-*s", w, cell);
         }
-        printf("   (peak %d in flight)\n", r.peak_inflight[p]);
+        printf("rank %d%s   (peak %d in flight)\n", p, line, r.peak_inflight[p]);
     }
+    free(line);
     free(ops);
     free(start);
     return 0;
