@@ -82,7 +82,7 @@ const char* pp_schedule_name(PPScheduleKind kind);
 
 /* Rank p's list: fills ops[0 .. 2*V*m) (see "Schedules" above) with slots assigned. Returns 2*V*m,
  * or -1 for arguments out of range (P, V, m >= 1, 0 <= p < P), a kind that does not fit V
- * (PP_1F1B needs V = 1, PP_INTERLEAVED V > 1), or V > 1 with P = 1. */
+ * (PP_1F1B needs V = 1, PP_INTERLEAVED V > 1), V > 1 with P = 1, or V*m or P*V over 2^20. */
 int pp_schedule(PPScheduleKind kind, int P, int V, int m, int p, PPOp* ops, char* err, size_t errlen);
 
 /* Checks one rank's list of n ops for V chunks and m micro-batches: n = 2*V*m, every (chunk, micro)
