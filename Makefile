@@ -45,7 +45,7 @@ ifneq ($(NVCC),)
 endif
 
 BUILD := build
-LIB_SRCS := $(filter-out train_gpt2.c, $(wildcard common/*.c kernels/*.c model/*.c ddp/*.c zero/*.c comm/*.c data/*.c checkpoint/*.c train/*.c))
+LIB_SRCS := $(filter-out train_gpt2.c, $(wildcard common/*.c kernels/*.c model/*.c ddp/*.c zero/*.c comm/*.c data/*.c checkpoint/*.c train/*.c pipeline/*.c))
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o) $(CU_SRCS:%.cu=$(BUILD)/%.cu.o)
 TEST_SRCS := $(wildcard test/test_*.c)
 TESTS := $(TEST_SRCS:test/%.c=$(BUILD)/%)
