@@ -3,21 +3,25 @@
  *   mpirun -np N ./train_gpt2 --zero_stage 1 ...      (or ./train_gpt2 alone)
  *
  * main: parse the flags (train/args.c); build the trainer: the compute
- * backend, the communicator, the model bound to its flat buffers
- * (ddp/layout.c), DDP and the optimizer wired together (ddp_setup), the
- * checkpointer and the data; then loop: validation and a sample when due,
- * train_step(), the step's log line (train/runlog.c), a checkpoint when due.
+ * backend, the communicator, the pipeline grid and this rank's model chunks
+ * (pipeline/; at --pipeline_parallel 1, one chunk: the whole model) on their
+ * flat buffers (ddp/layout.c), each chunk's DDP, the optimizer over every
+ * chunk's buffers, the checkpointer and the data; then loop: validation and a
+ * sample when due, train_step(), the step's log line (train/runlog.c), a
+ * checkpoint when due.
  *
  * train_step():
- *   for each micro-step:
+ *   the micro-batches' forwards and backwards, in the pipeline schedule's
+ *   order (one stage: forward, backward, forward, backward, ...):
  *     forward   (--overlap_param_gather: each kernel first waits for the
- *                all-gather of the buckets it reads)
- *     backward  (marks each tensor ready as its gradient is final; a complete
- *                bucket group launches its reduction while backward goes on:
- *                all-reduce at zero_stage 0 and reduce-scatter at 1, on the
- *                last micro-step; at zero_stage 2 a reduce-scatter on every
- *                micro-step into this rank's gradient shard)
- *   wait for the reductions
+ *                all-gather of the buckets it reads; between stages the
+ *                activations go point to point)
+ *     backward  (marks each tensor ready as its gradient is final; in a
+ *                chunk's last backward a complete bucket group launches its
+ *                reduction while backward goes on: all-reduce at zero_stage 0,
+ *                reduce-scatter at 1; at zero_stage 2 a reduce-scatter in
+ *                every backward into this rank's gradient shard)
+ *   wait for the reductions; sum the tied embedding's two copies' gradients
  *   grad norm: the sum of squares over this rank's pieces, all-reduced once
  *   AdamW over the optimizer's pieces, with the clip scale
  *   zero_stage 1, 2: all-gather the params bucket by bucket (overlapped: not
@@ -26,7 +30,8 @@
  * A step whose loss or grad norm is not finite makes no update (its gradients
  * are dropped); --max_bad_steps such steps in a row end the run. Every
  * --checkpoint_every steps the training state goes to a checkpoint
- * (checkpoint/), from which --resume continues at any number of ranks. */
+ * (checkpoint/), from which --resume continues at any number of ranks and
+ * any pipeline shape. */
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -41,9 +46,9 @@
 #include "ddp/layout.h"
 #include "kernels/kernels.h"
 #include "model/gpt2.h"
+#include "pipeline/pipeline.h"
 #include "train/args.h"
 #include "train/runlog.h"
-#include "train/sample.h"
 #include "zero/optimizer.h"
 
 /* Everything a run holds; built by trainer_build, freed by trainer_free. */
@@ -52,12 +57,9 @@ typedef struct {
     Comm comm;
     Backend* be;
     int rank, world;
-    int B, T, accum;            /* micro-batch, sequence length, micro-steps per step */
-    GPT2 model;
-    LayoutParamSpec* specs;
-    Layout layout;
-    DDP ddp;
-    Optimizer opt;
+    int B, T, accum;            /* micro-batch, sequence length, micro-batches per step */
+    Pipeline pp;                /* the grid and this rank's model chunks (one: the whole model, at P = 1) */
+    Optimizer opt;              /* over every chunk's buffers */
     DataLoader train, val;
     int have_val, have_tok;
     Tokenizer tok;
@@ -75,6 +77,7 @@ typedef struct {
     float lr;
     int finite;                 /* 0: no update was made */
     double seconds;
+    double bubble;              /* pipeline: time blocked on transfers / step time; < 0 without one */
 } StepResult;
 
 static double mb(size_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
@@ -98,7 +101,7 @@ static double inject_fault(const DDP* d, int k, double loss) {
 
 static StepResult train_step(Trainer* t, int step) {
     const Args* a = &t->a;
-    const int B = t->B, T = t->T;
+    Pipeline* pp = &t->pp;
     /* be->synchronize also waits for the communication stream, i.e. for the
      * all-gathers that --overlap_param_gather hides behind the next forward:
      * then the step is timed on the host alone (the forward's input copy and
@@ -106,57 +109,52 @@ static StepResult train_step(Trainer* t, int step) {
     if (!a->overlap_param_gather) t->be->synchronize(t->be);
     t->be->reset_peak(t->be);
     double t0 = wall_time_s();
-    double loss_sum = 0.0;
-    for (int micro = 0; micro < t->accum; micro++) {
-        uint64_t first = t->prog.next_row + ((uint64_t)micro * t->world + t->rank) * B;
-        dataloader_rows(&t->train, first, B, t->inputs, t->targets);
-        ddp_begin_micro_step(&t->ddp, micro == t->accum - 1);
-        loss_sum += gpt2_forward(&t->model, t->inputs, t->targets, B, T, t->dloss);
-        gpt2_backward(&t->model, ddp_param_ready, &t->ddp);
-    }
-    ddp_finish_reductions(&t->ddp);
+    double loss_sum = pipeline_forward_backward(pp, &t->train, t->prog.next_row, t->dloss, t->inputs, t->targets);
+    pipeline_finish_reductions(pp);
     if (t->rank == 0 && t->world > 1 && (step == 0 || step == a->num_iterations - 1))
-        ddp_overlap_report(&t->ddp, stdout);
+        for (int v = 0; v < pp->V; v++) ddp_overlap_report(&pp->chunks[v].ddp, stdout);
     int poisoned = step + 1 - a->inject_nan_at_step;
     if (a->inject_nan_at_step > 0 && poisoned >= 0 && poisoned < a->inject_nan_steps && t->rank == t->world - 1)
-        loss_sum = inject_fault(&t->ddp, poisoned, loss_sum);
+        loss_sum = inject_fault(&pp->chunks[0].ddp, poisoned, loss_sum);
 
     StepResult r;
-    double sums[2] = {ddp_grad_sumsq(&t->ddp), loss_sum / t->accum};
+    /* the loss comes from the last stage's ranks, one per replica */
+    double sums[2] = {pipeline_grad_sumsq(pp), loss_sum / t->accum};
     comm_allreduce_host_sum(&t->comm, sums, 2);
     r.norm = sqrt(sums[0]);
-    r.loss = sums[1] / t->world;
+    r.loss = sums[1] / pp->DP;
     r.lr = lr_at_step(a->sched, step, a->warmup_iters, a->num_iterations, a->learning_rate,
                       a->learning_rate_decay_frac);
     /* every rank sees the same reduced loss and norm, so every rank decides alike */
     r.finite = isfinite(r.loss) && isfinite(r.norm);
     if (r.finite) {
         float scale = (a->grad_clip > 0 && r.norm > a->grad_clip) ? (float)(a->grad_clip / r.norm) : 1.0f;
-        optimizer_step(&t->opt, t->model.params, t->ddp.grads, r.lr, a->beta1, a->beta2, a->eps, a->weight_decay,
-                       scale, (uint32_t)a->seed * 7919u + (uint32_t)step);   /* unsigned: no overflow for any --seed */
-        ddp_gather_params(&t->ddp);   /* overlapped: waited for in the next forward */
+        optimizer_step(&t->opt, r.lr, a->beta1, a->beta2, a->eps, a->weight_decay, scale,
+                       (uint32_t)a->seed * 7919u + (uint32_t)step);   /* unsigned: no overflow for any --seed */
         t->prog.bad_streak = 0;
     } else {
         t->prog.bad_streak++;   /* no update: the params and the optimizer state stay as they were */
     }
-    ddp_zero_grads(&t->ddp);
+    pipeline_after_update(pp, r.finite);   /* all-gathers (overlapped: waited for in the next forward), zeroed grads */
     if (!a->overlap_param_gather) t->be->synchronize(t->be);
     t->prog.step = step + 1;
-    t->prog.next_row += (uint64_t)B * t->world * t->accum;
+    t->prog.next_row += (uint64_t)t->B * pp->DP * t->accum;
     r.seconds = wall_time_s() - t0;
+    r.bubble = pp->P > 1 ? pp->wait_s / r.seconds : -1.0;
     return r;
 }
 
-/* Validation loss over --val_max_steps batches of every rank, printed and logged. */
+/* Validation loss over --val_max_steps batches of every replica, printed and logged. */
 static void evaluate(Trainer* t, int step) {
+    Pipeline* pp = &t->pp;
     double vsum = 0.0;
     int nb = t->a.val_max_steps;
     for (int k = 0; k < nb; k++) {
-        dataloader_rows(&t->val, ((uint64_t)k * t->world + t->rank) * t->B, t->B, t->inputs, t->targets);
-        vsum += gpt2_forward(&t->model, t->inputs, t->targets, t->B, t->T, 0.0f);
+        dataloader_rows(&t->val, ((uint64_t)k * pp->DP + pp->d) * t->B, t->B, t->inputs, t->targets);
+        vsum += pipeline_eval(pp, t->inputs, t->targets);
     }
     comm_allreduce_host_sum(&t->comm, &vsum, 1);
-    runlog_val(&t->log, step, vsum / ((double)nb * t->world));
+    runlog_val(&t->log, step, vsum / ((double)nb * pp->DP));
 }
 
 /* ------------------------------------------------------------------------ */
@@ -188,36 +186,47 @@ static GPT2Config model_config(const Args* a, int* from_file) {
     return cfg;
 }
 
-/* Rank 0: the run's settings and the layout; then every rank, in turn, its memory. */
+/* Rank 0: the run's settings, the pipeline grid and its chunks' layout; then
+ * every rank, in turn, its memory. */
 static void trainer_report(Trainer* t) {
     const Args* a = &t->a;
-    const GPT2Config* cfg = &t->model.cfg;
+    const Pipeline* pp = &t->pp;
+    const GPT2* m0 = &pp->chunks[0].model;
+    const GPT2Config* cfg = &m0->cfg;
     if (t->rank == 0) {
         printf("train_gpt2 | device %s | dtype %s | ranks %d | comm %s | zero_stage %d%s\n", t->be->name,
                dtype_name(t->be->dtype), t->world, comm_kind_name(t->comm.kind), a->zero_stage,
                a->overlap_param_gather ? " | param all-gather overlapped with forward" : "");
         printf("model %s: L %d, NH %d, C %d, maxT %d, V %d (padded %d), %zu parameters\n", a->model, cfg->num_layers,
                cfg->num_heads, cfg->channels, cfg->max_seq_len, cfg->vocab_size, cfg->padded_vocab_size,
-               t->model.num_parameters);
-        printf("batch: B %d x T %d x ranks %d x accumulation %d = %lld tokens per step\n", t->B, t->T, t->world,
-               t->accum, a->total_batch_size);
+               m0->num_parameters);
+        if (pp->P > 1)
+            printf("batch: B %d x T %d x data-parallel %d x micro-batches %d = %lld tokens per step\n", t->B, t->T,
+                   pp->DP, t->accum, a->total_batch_size);
+        else
+            printf("batch: B %d x T %d x ranks %d x accumulation %d = %lld tokens per step\n", t->B, t->T, t->world,
+                   t->accum, a->total_batch_size);
         printf("train data: %zu rows of %d tokens in %d shard(s)%s\n", t->train.nrows, t->T, t->train.nshards,
                a->shuffle ? ", shuffled" : "");
         if (t->have_val) printf("val data: %zu rows\n", t->val.nrows);
-        layout_print(&t->layout, stdout);
+        if (pp->P > 1) pipeline_print_grid(pp, stdout);
+        for (int v = 0; v < pp->V; v++) layout_print(&pp->chunks[v].layout, stdout);
     }
     for (int r = 0; r < t->world; r++) {
         comm_barrier(&t->comm);
         if (r != t->rank) continue;
         const MemTracker* mt = &t->be->mem;
         size_t opt_bytes = mt->current[MEM_MASTER] + mt->current[MEM_ADAM_M] + mt->current[MEM_ADAM_V];
+        size_t held = 0;
+        for (int v = 0; v < pp->V; v++) held += pp->chunks[v].layout.total_params;
         /* zero_stage 2: grads = this rank's shard; the bucket working buffers
          * are allocated during the first step (ddp_memory_report after it) */
         printf("rank %d memory: params %.2f MB, grads %.2f MB, master %.2f MB, adam_m %.2f MB, adam_v %.2f MB, "
                "activations %.2f MB | optimizer state %zu bytes for %zu owned of %zu parameters (%.2f bytes/param)\n",
                t->rank, mb(mt->current[MEM_PARAMS]), mb(mt->current[MEM_GRADS]), mb(mt->current[MEM_MASTER]),
                mb(mt->current[MEM_ADAM_M]), mb(mt->current[MEM_ADAM_V]), mb(mt->current[MEM_ACTIVATIONS]), opt_bytes,
-               t->opt.nstate, t->layout.total_params, (double)opt_bytes / (double)t->layout.total_params);
+               t->opt.nstate, held, (double)opt_bytes / (double)held);
+        if (pp->P > 1) pipeline_print_chunks(pp, stdout);
         fflush(stdout);
     }
     comm_barrier(&t->comm);
@@ -233,48 +242,58 @@ static void trainer_build(Trainer* t, int argc, char** argv) {
     t->be = a->use_cuda ? backend_cuda_create(a->dt, t->comm.local_rank, a->tf32) : backend_cpu_create();
     comm_setup(&t->comm, a->comm, t->be, a->comm_timeout);
 
-    /* ---- the batch ---- */
+    /* ---- the batch: micro-batches of B rows per data-parallel replica ---- */
     int from_file;
     GPT2Config cfg = model_config(a, &from_file);
     t->B = a->batch_size;
     t->T = a->sequence_length;
     if (t->T > cfg.max_seq_len)
         fatal("--sequence_length %d exceeds the model's maximum sequence length %d", t->T, cfg.max_seq_len);
-    long long tokens_per_micro = (long long)t->B * t->T * t->world;
+    if (t->world % a->pipeline_parallel != 0)
+        fatal("--pipeline_parallel %d does not divide the %d ranks (ranks = pipeline stages x data-parallel "
+              "replicas)", a->pipeline_parallel, t->world);
+    const int DP = t->world / a->pipeline_parallel;
+    long long tokens_per_micro = (long long)t->B * t->T * DP;
     if (a->total_batch_size == -1) a->total_batch_size = tokens_per_micro;
     if (a->total_batch_size <= 0) fatal("flag --total_batch_size must be positive (got %lld)", a->total_batch_size);
-    if (a->total_batch_size % tokens_per_micro != 0)
+    if (a->total_batch_size % tokens_per_micro != 0) {
+        if (a->pipeline_parallel > 1)
+            fatal("--total_batch_size %lld does not divide by batch_size*sequence_length*data-parallel ranks = "
+                  "%d*%d*%d = %lld", a->total_batch_size, t->B, t->T, DP, tokens_per_micro);
         fatal("--total_batch_size %lld does not divide by batch_size*sequence_length*ranks = %d*%d*%d = %lld",
               a->total_batch_size, t->B, t->T, t->world, tokens_per_micro);
+    }
     t->accum = (int)(a->total_batch_size / tokens_per_micro);
 
-    /* ---- the model on its flat buffers, then DDP and the optimizer over them ---- */
-    int nspecs;
-    t->specs = gpt2_describe(&t->model, &cfg, &nspecs);
-    char err[256];
-    if (layout_build(&t->layout, t->specs, nspecs, (size_t)a->bucket_size, a->buckets_per_group, t->world, 64, err,
-                     sizeof err) != 0)
-        fatal("layout: %s", err);
-    t->model.shard_grads = a->zero_stage == 2;   /* ZeRO-2: DDP keeps the gradients, in a shard */
-    gpt2_bind(&t->model, t->be, &t->layout);
-    if (from_file) gpt2_load(&t->model, a->model);
-    else gpt2_init_random(&t->model, (uint64_t)a->seed);
-    t->model.recompute = a->recompute;
-    gpt2_alloc_activations(&t->model, t->B, t->T);
-    DDPConfig dc = {.zero_stage = a->zero_stage,
-                    .overlap_gather = a->overlap_param_gather,
-                    .gather_reverse = strcmp(a->gather_order, "reverse") == 0,
-                    .gather_hold = a->gather_hold};
-    ddp_setup(&t->ddp, &t->opt, &t->model, &t->comm, &dc);
+    /* ---- this rank's model chunks on their flat buffers, then DDP and the optimizer over them ---- */
+    PipelineConfig pc = {.P = a->pipeline_parallel, .V = a->virtual_pipeline_parallel, .m = t->accum,
+                         .schedule = a->pp_schedule, .B = t->B, .T = t->T, .recompute = a->recompute,
+                         .zero_stage = a->zero_stage,
+                         .ddp = {.zero_stage = a->zero_stage,
+                                 .overlap_gather = a->overlap_param_gather,
+                                 .gather_reverse = strcmp(a->gather_order, "reverse") == 0,
+                                 .gather_hold = a->gather_hold},
+                         .bucket_size = (size_t)a->bucket_size, .buckets_per_group = a->buckets_per_group,
+                         .reduce_early = a->pp_reduce_early};
+    Pipeline* pp = &t->pp;
+    pipeline_init(pp, &t->comm, t->be, &cfg, &pc);
+    for (int v = 0; v < pp->V; v++) {
+        if (from_file) gpt2_load(&pp->chunks[v].model, a->model);
+        else gpt2_init_random(&pp->chunks[v].model, (uint64_t)a->seed);
+    }
+    OptBuffer* bufs = xmalloc(sizeof(OptBuffer) * (size_t)pp->V);
+    pipeline_setup_ddp(pp, &pc, bufs);
+    optimizer_init(&t->opt, t->be, bufs, pp->V);
+    free(bufs);
 
     /* ---- data ---- */
-    const size_t rows_per_step = (size_t)t->B * t->world * t->accum;
+    const size_t rows_per_step = (size_t)t->B * DP * t->accum;
     dataloader_init(&t->train, a->input_bin, t->T, (size_t)t->B * t->T + 1, cfg.vocab_size, a->shuffle,
                     (uint64_t)a->seed);
     if (t->train.nrows < rows_per_step)
         fatal("--input_bin: the training data holds %zu rows of %d+1 tokens, fewer than one step needs "
               "(batch_size %d x ranks %d x accumulation %d = %zu): use fewer ranks or a smaller batch",
-              t->train.nrows, t->T, t->B, t->world, t->accum, rows_per_step);
+              t->train.nrows, t->T, t->B, DP, t->accum, rows_per_step);
     t->have_val = a->val_loss_every > 0 && a->input_val_bin[0];
     if (t->have_val) dataloader_init(&t->val, a->input_val_bin, t->T, (size_t)t->B * t->T + 1, cfg.vocab_size, 0, 0);
     t->have_tok = a->sample_every > 0;
@@ -288,8 +307,7 @@ static void trainer_build(Trainer* t, int argc, char** argv) {
                       .warmup_iters = a->warmup_iters, .learning_rate = a->learning_rate,
                       .lr_decay_frac = a->learning_rate_decay_frac, .weight_decay = a->weight_decay,
                       .beta1 = a->beta1, .beta2 = a->beta2, .eps = a->eps, .grad_clip = a->grad_clip};
-    ckpt_init(&t->ck, &t->comm, &t->model, &t->layout, &t->opt, a->output_dir, a->checkpoint_every,
-              a->checkpoints_keep, &hp);
+    ckpt_init(&t->ck, &t->comm, pp, &t->opt, a->output_dir, a->checkpoint_every, a->checkpoints_keep, &hp);
     int resumed = ckpt_start(&t->ck, a->resume, &t->prog);
     runlog_open(&t->log, a->output_dir, t->rank, resumed ? t->prog.step : -1);
 
@@ -297,7 +315,7 @@ static void trainer_build(Trainer* t, int argc, char** argv) {
     t->targets = xmalloc(sizeof(int) * (size_t)t->B * t->T);
     /* the mean over the whole global batch: the reduction is then a plain sum (ddp/ddp.h) */
     t->dloss = (float)(1.0 / (double)a->total_batch_size);
-    t->flops_per_step = gpt2_flops_per_token(&t->model, t->T) * (double)a->total_batch_size;
+    t->flops_per_step = gpt2_flops_per_token(&pp->chunks[0].model, t->T) * (double)a->total_batch_size;
     t->peak_flops = !a->use_cuda ? 0.0 : a->dt == DTYPE_BF16 ? 989e12 : a->tf32 ? 494e12 : 67e12;
 }
 
@@ -309,11 +327,8 @@ static void trainer_free(Trainer* t) {
     if (t->have_tok) tokenizer_free(&t->tok);
     if (t->have_val) dataloader_free(&t->val);
     dataloader_free(&t->train);
-    ddp_free(&t->ddp);
     optimizer_free(&t->opt);
-    gpt2_free(&t->model);
-    layout_free(&t->layout);
-    free(t->specs);
+    pipeline_free(&t->pp);
     comm_finalize(&t->comm);   /* before the backend: it releases its scratch through be, and NCCL needs the device */
     t->be->destroy(t->be);
 }
@@ -336,14 +351,15 @@ int main(int argc, char** argv) {
     Trainer t;
     trainer_build(&t, argc, argv);
     const Args* a = &t.a;
+    Pipeline* pp = &t.pp;
     double total_time = 0.0;
     int timed_steps = 0;
     const int first_step = t.prog.step;
     for (int step = first_step; step <= a->num_iterations; step++) {
         int last = step == a->num_iterations;
         if (t.have_val && (step % a->val_loss_every == 0 || last)) evaluate(&t, step);
-        if (t.have_tok && t.rank == 0 && step > 0 && (step % a->sample_every == 0 || last))
-            sample_text(&t.model, &t.tok, a->sample_tokens, t.T, (uint64_t)a->seed + (uint64_t)step);
+        if (t.have_tok && pp->d == 0 && step > 0 && (step % a->sample_every == 0 || last))
+            pipeline_sample(pp, &t.tok, a->sample_tokens, (uint64_t)a->seed + (uint64_t)step);
         if (last) break;
 
         StepResult r = train_step(&t, step);
@@ -359,20 +375,31 @@ int main(int argc, char** argv) {
                       .peak_alloc_mb = mb(t.be->mem.peak), .peak_reserved_mb = mb(t.be->peak_reserved(t.be)),
                       .reserved_name = a->use_cuda ? "reserved" : "rss",
                       .eta_s = (a->num_iterations - step - 1) * (timed_steps ? total_time / timed_steps : r.seconds),
-                      .bad_in_a_row = t.prog.bad_streak, .max_bad_steps = a->max_bad_steps};
+                      .bad_in_a_row = t.prog.bad_streak, .max_bad_steps = a->max_bad_steps,
+                      .bubble = r.bubble, .bubble_theory = (double)(pp->P - 1) / ((double)pp->V * t.accum)};
         runlog_step(&t.log, &sl);
         if (t.prog.bad_streak >= a->max_bad_steps) stop_on_bad_steps(&t, step);
-        if (t.rank == 0 && step == first_step) ddp_memory_report(&t.ddp, t.rank, stdout);
+        if (step == first_step) {
+            for (int v = 0; v < pp->V; v++)
+                if (t.rank == 0) ddp_memory_report(&pp->chunks[v].ddp, t.rank, stdout);
+            if (pp->P > 1) {
+                for (int r2 = 0; r2 < t.world; r2++) {
+                    comm_barrier(&t.comm);
+                    if (r2 == t.rank) pipeline_overlap_report(pp, stdout), fflush(stdout);
+                }
+            }
+        }
+        if (a->check_tied_embedding) pipeline_check_tied(pp);
         if (ckpt_due(&t.ck, t.prog.step)) {
-            ddp_wait_gathers(&t.ddp);   /* the checkpoint reads the params */
+            pipeline_wait_gathers(pp);   /* the checkpoint reads the params */
             ckpt_save(&t.ck, &t.prog);
         }
     }
-    ddp_wait_gathers(&t.ddp);   /* before anything reads the params */
+    pipeline_wait_gathers(pp);   /* before anything reads the params */
     if (a->checkpoint_every > 0 && t.ck.last_step != t.prog.step) ckpt_save(&t.ck, &t.prog);
-    if (a->save_model[0] && t.rank == 0) {
-        gpt2_save(&t.model, a->save_model, a->save_version);
-        printf("saved model to %s\n", a->save_model);
+    if (a->save_model[0]) {
+        ckpt_save_model(&t.ck, a->save_model, a->save_version);
+        if (t.rank == 0) printf("saved model to %s\n", a->save_model);
     }
     if (t.rank == 0 && timed_steps)
         printf("done: %d steps, average %.1f ms/step, %.0f tok/s\n", a->num_iterations,

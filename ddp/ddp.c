@@ -36,7 +36,7 @@ static void ddp_init(DDP* d, const Layout* L, Comm* comm, Backend* be, const DDP
     d->sharded = !d->shard.direct;
 }
 
-void ddp_setup(DDP* d, Optimizer* opt, GPT2* m, Comm* comm, const DDPConfig* cfg) {
+void ddp_setup(DDP* d, GPT2* m, Comm* comm, const DDPConfig* cfg, OptBuffer* ob) {
     const Layout* L = m->layout;
     if (m->shard_grads != (cfg->zero_stage == 2))
         fatal("internal: ddp_setup: the model was bound %s a full gradient buffer at zero_stage %d",
@@ -55,7 +55,7 @@ void ddp_setup(DDP* d, Optimizer* opt, GPT2* m, Comm* comm, const DDPConfig* cfg
     } else {
         pieces = layout_opt_pieces(L, cfg->zero_stage == 1 ? comm->rank : -1, &n);
     }
-    optimizer_init(opt, m->be, pieces, n, m->params);
+    *ob = (OptBuffer){.params = m->params, .grads = d->grads, .pieces = pieces, .npieces = n};
 }
 
 void ddp_begin_micro_step(DDP* d, int is_last) {
@@ -132,6 +132,13 @@ void ddp_finish_reductions(DDP* d) {
         return;
     }
     for (int b = 0; b < L->nbuckets; b++) comm_wait(d->comm, &d->buckets[b].reduce);
+}
+
+void ddp_norm_skip(DDP* d, size_t lo, size_t hi) {
+    int k = 0;
+    for (int i = 0; i < d->nown; i++)
+        if (!(d->own[i].buf_off >= lo && d->own[i].buf_off + d->own[i].len <= hi)) d->own[k++] = d->own[i];
+    d->nown = k;
 }
 
 double ddp_grad_sumsq(DDP* d) { return d->be->grad_sumsq(d->be, d->grads, d->own, d->nown); }

@@ -93,13 +93,15 @@ typedef struct {
     void** grad_ptr;           /* the model's table (GPT2.grad_ptr), filled here at stage 2 */
 } DDP;
 
-/* Wires a bound model chunk (gpt2_bind, with shard_grads = zero_stage == 2,
- * holding its initial weights) to data parallelism over comm: the DDP over
- * the model's layout, the model's hooks (need_params; at stage 2 need_grads
- * and its grad_ptr table into the shard), and the optimizer over this rank's
- * pieces with their gradient offsets (stage 0: every parameter; stages 1, 2:
- * its slices; stage 2: gradients in the shard). */
-void ddp_setup(DDP* d, Optimizer* opt, GPT2* m, Comm* comm, const DDPConfig* cfg);
+/* Wires a bound model chunk (gpt2_bind, with shard_grads = zero_stage == 2)
+ * to data parallelism over comm (its data-parallel group): the DDP over the
+ * model's layout, the model's hooks (need_params; at stage 2 need_grads and
+ * its grad_ptr table into the shard), and *ob, what the optimizer updates of
+ * this chunk: its param buffer, this rank's reduced gradients (the flat
+ * buffer or the shard) and this rank's pieces with their gradient offsets
+ * (stage 0: every parameter; stages 1, 2: its slices; stage 2: gradients in
+ * the shard), for optimizer_init. */
+void ddp_setup(DDP* d, GPT2* m, Comm* comm, const DDPConfig* cfg, OptBuffer* ob);
 /* Before each micro-step's forward. */
 void ddp_begin_micro_step(DDP* d, int is_last_micro_step);
 /* gpt2_need_fn (ctx is the DDP): before forward reads these tensors'
@@ -114,6 +116,10 @@ void ddp_param_ready(void* ctx, int layout_index);
  * and adds the last reduced slices into the shard). Fatal if a bucket was
  * never launched (a parameter never marked ready). */
 void ddp_finish_reductions(DDP* d);
+/* The pieces of the param range [lo, hi) are counted by another rank (the
+ * head's copy of a tied embedding, held again by the first pipeline stage):
+ * drop them from what ddp_grad_sumsq reads. */
+void ddp_norm_skip(DDP* d, size_t lo, size_t hi);
 /* Sum of squares of this rank's reduced gradients (its pieces), local. */
 double ddp_grad_sumsq(DDP* d);
 /* Zero this rank's gradients for the next step (one memset). */

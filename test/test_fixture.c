@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
     int nnorm;
     OptPiece* norm_pieces = layout_opt_pieces(&L, 0, &nnorm);
     Optimizer opt;
-    optimizer_init(&opt, be, pieces, npieces, m.params);
+    optimizer_init(&opt, be, &(OptBuffer){.params = m.params, .grads = m.grads, .pieces = pieces, .npieces = npieces}, 1);
     double worst_step = 0;
     for (int s = 0; s < steps; s++) {
         float l = gpt2_forward(&m, inputs, targets, B, T, 1.0f / (float)(B * T));
@@ -138,7 +138,7 @@ int main(int argc, char** argv) {
         double norm = sqrt(be->grad_sumsq(be, m.grads, norm_pieces, nnorm));
         float slr = lr_at_step(LR_COSINE, s, warmup, total, lr, frac);
         float scale = (clip > 0 && norm > clip) ? (float)(clip / norm) : 1.0f;
-        optimizer_step(&opt, m.params, m.grads, slr, b1, b2, eps, wd, scale, 1234u + (uint32_t)s);
+        optimizer_step(&opt, slr, b1, b2, eps, wd, scale, 1234u + (uint32_t)s);
         be->zero(be, m.grads, L.total * dtype_size(be->dtype));
         double e = fabs((double)l - losses_ref[s]) / fabs((double)losses_ref[s]);
         double ne = fabs(norm - norms_ref[s]) / fabs((double)norms_ref[s]);

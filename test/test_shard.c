@@ -183,22 +183,22 @@ static void test_optimizer(void) {
         OptPiece* opA = layout_opt_pieces(&L, r, &n1);
         OptPiece* sp = layout_shard_pieces(&L, r, &n2);
         Optimizer A, B;
-        optimizer_init(&A, be, opA, n1, pA);
-        optimizer_init(&B, be, sp, n2, pB);   /* takes sp */
+        optimizer_init(&A, be, &(OptBuffer){.params = pA, .grads = gfull, .pieces = opA, .npieces = n1}, 1);
+        optimizer_init(&B, be, &(OptBuffer){.params = pB, .grads = gshard, .pieces = sp, .npieces = n2}, 1);
         for (int step = 0; step < 3; step++) {
             for (size_t i = 0; i < total; i++) gfull[i] = (float)((double)(rnd() % 20001) / 1e5 - 0.1);
             for (int k = 0; k < n1; k++)   /* the rank's gradients, copied into its shard */
-                memcpy(gshard + B.pieces[k].grad_off, gfull + A.pieces[k].grad_off, B.pieces[k].len * sizeof(float));
-            optimizer_step(&A, pA, gfull, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.7f, 11u + (uint32_t)step);
-            optimizer_step(&B, pB, gshard, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.7f, 11u + (uint32_t)step);
+                memcpy(gshard + B.bufs[0].pieces[k].grad_off, gfull + A.bufs[0].pieces[k].grad_off, B.bufs[0].pieces[k].len * sizeof(float));
+            optimizer_step(&A, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.7f, 11u + (uint32_t)step);
+            optimizer_step(&B, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.7f, 11u + (uint32_t)step);
         }
         int same = memcmp(pA, pB, total * sizeof(float)) == 0 &&
                    (A.nstate == 0 || memcmp(A.master, B.master, A.nstate * sizeof(float)) == 0);
         /* and the update really happened on the owned elements */
         int moved = 0;
         for (int k = 0; k < n1; k++)
-            for (size_t e = 0; e < A.pieces[k].len; e++)
-                if (pA[A.pieces[k].buf_off + e] != p_init[A.pieces[k].buf_off + e]) moved = 1;
+            for (size_t e = 0; e < A.bufs[0].pieces[k].len; e++)
+                if (pA[A.bufs[0].pieces[k].buf_off + e] != p_init[A.bufs[0].pieces[k].buf_off + e]) moved = 1;
         CHECK(same, "optimizer case %d (world %d, rank %d): shard step differs from full-buffer step", it, world, r);
         CHECK(n1 == 0 || moved, "optimizer case %d: nothing was updated", it);
         if (!same) bad++;

@@ -46,6 +46,9 @@ static void args_defaults(Args* a) {
     a->sample_every = 0;
     a->sample_tokens = 64;
     a->zero_stage = 0;
+    a->pipeline_parallel = 1;
+    a->virtual_pipeline_parallel = 1;
+    a->pp_schedule = "1f1b";
     a->gather_order = "forward";
     a->shuffle = 0;
     a->seed = 1337;
@@ -93,6 +96,11 @@ static int make_flags(Args* a, Flag* f) {
     FL("recompute", F_INT, &a->recompute, "activation recomputation: 0 none, 1 GELU outputs, 2 also layernorm outputs");
     FL("zero_stage", F_INT, &a->zero_stage, "0 = DDP (all-reduce, full optimizer state), 1 = ZeRO-1 distributed optimizer, 2 = ZeRO-2 (also shards the gradients)");
     FL("use_distributed_optimizer", F_SWITCH, &a->zero_stage, "alias of --zero_stage 1 (takes no value)");
+    FL("pipeline_parallel", F_INT, &a->pipeline_parallel, "pipeline stages P: ranks = P x data-parallel replicas; the layers are cut into P x V model chunks");
+    FL("virtual_pipeline_parallel", F_INT, &a->virtual_pipeline_parallel, "model chunks V per pipeline rank (V > 1: interleaved 1F1B; needs P > 1)");
+    FL("pp_schedule", F_STR, &a->pp_schedule, "1f1b (interleaved when V > 1) | gpipe (all forwards, then all backwards: the reference)");
+    FL("check_tied_embedding", F_SWITCH, &a->check_tied_embedding, "testing, pipeline: after every step check that the first and last stage hold bit-identical copies of the tied embedding (takes no value)");
+    FL("pp_reduce_early", F_SWITCH, &a->pp_reduce_early, "testing, pipeline: launch each chunk's gradient reductions in its FIRST backward instead of its last (wrong on purpose) (takes no value)");
     FL("overlap_param_gather", F_SWITCH, &a->overlap_param_gather, "zero_stage 1/2: overlap the param all-gather with the next forward, which waits per bucket (takes no value)");
     FL("gather_order", F_STR, &a->gather_order, "testing: launch order of the param all-gathers, forward | reverse (bucket order, which the forward does not follow)");
     FL("gather_hold", F_INT, &a->gather_hold, "testing, with --overlap_param_gather: 1 = launch each all-gather only when a wait needs it or a later one (the slowest network): a read without its wait would see last step's params");
@@ -235,6 +243,13 @@ static void args_check(Args* a) {
     if (a->eps <= 0) fatal("flag --eps must be positive (got %g)", a->eps);
     if (a->zero_stage < 0 || a->zero_stage > 2)
         fatal("--zero_stage %d is not supported: 0 = DDP, 1 = ZeRO-1 distributed optimizer, 2 = ZeRO-2", a->zero_stage);
+    check_positive("--pipeline_parallel", a->pipeline_parallel);
+    check_positive("--virtual_pipeline_parallel", a->virtual_pipeline_parallel);
+    if (a->virtual_pipeline_parallel > 1 && a->pipeline_parallel == 1)
+        fatal("--virtual_pipeline_parallel %d needs --pipeline_parallel > 1 (one stage has nothing to interleave)",
+              a->virtual_pipeline_parallel);
+    if (strcmp(a->pp_schedule, "1f1b") != 0 && strcmp(a->pp_schedule, "gpipe") != 0)
+        fatal("--pp_schedule: unknown value '%s' (expected 1f1b or gpipe)", a->pp_schedule);
     if (a->overlap_param_gather && a->zero_stage == 0)
         fatal("--overlap_param_gather needs --zero_stage 1 or 2 (zero_stage 0 has no param all-gather)");
     if (strcmp(a->gather_order, "forward") != 0 && strcmp(a->gather_order, "reverse") != 0)

@@ -30,6 +30,11 @@ typedef struct {
     int overlap_param_gather;   /* zero_stage 1/2: all-gather overlapped with the next forward */
     const char* gather_order;   /* testing: forward | reverse launch order of the all-gathers */
     int gather_hold;            /* testing: hold each all-gather back until the forward waits for it */
+    /* pipeline parallelism */
+    int pipeline_parallel, virtual_pipeline_parallel;
+    const char* pp_schedule;
+    int check_tied_embedding;   /* testing: the tied copies compared after every step */
+    int pp_reduce_early;        /* testing: reductions launched in a chunk's first backward */
     /* data order and seeds */
     int shuffle, seed;
     /* checkpoints and faults */

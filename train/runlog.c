@@ -47,15 +47,20 @@ void runlog_step(RunLog* lg, const StepLog* s) {
     char mfus[32];
     if (s->mfu >= 0) snprintf(mfus, sizeof mfus, "%.1f%%", 100.0 * s->mfu);
     else snprintf(mfus, sizeof mfus, "n/a");
+    char bub[64] = "", bubj[32] = "";
+    if (s->bubble >= 0) {
+        snprintf(bub, sizeof bub, " | bubble %.1f%% (theory %.1f%%)", 100.0 * s->bubble, 100.0 * s->bubble_theory);
+        snprintf(bubj, sizeof bubj, ",\"bubble\":%.5f", s->bubble);
+    }
     printf("step %4d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | mfu %s | "
-           "peak %.1f MB alloc, %.1f MB %s | eta %dm%02ds\n",
+           "peak %.1f MB alloc, %.1f MB %s%s | eta %dm%02ds\n",
            s->step, s->num_iterations, s->loss, s->lr, s->norm, 1000.0 * s->seconds, s->tokens_per_s, mfus,
-           s->peak_alloc_mb, s->peak_reserved_mb, s->reserved_name, (int)(s->eta_s / 60), (int)s->eta_s % 60);
+           s->peak_alloc_mb, s->peak_reserved_mb, s->reserved_name, bub, (int)(s->eta_s / 60), (int)s->eta_s % 60);
     json_line(lg,
               "{\"step\":%d,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"ms\":%.3f,\"tokens_per_s\":%.1f,"
-              "\"mfu\":%.5f,\"peak_alloc_mb\":%.2f,\"peak_reserved_mb\":%.2f}\n",
+              "\"mfu\":%.5f,\"peak_alloc_mb\":%.2f,\"peak_reserved_mb\":%.2f%s}\n",
               s->step, s->loss, s->lr, s->norm, 1000.0 * s->seconds, s->tokens_per_s, s->mfu >= 0 ? s->mfu : 0.0,
-              s->peak_alloc_mb, s->peak_reserved_mb);
+              s->peak_alloc_mb, s->peak_reserved_mb, bubj);
 }
 
 void runlog_val(RunLog* lg, int step, double val_loss) {

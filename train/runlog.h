@@ -4,7 +4,8 @@
  *
  * log.jsonl lines:
  *   {"step":S,"loss":..,"lr":..,"grad_norm":..,"ms":..,"tokens_per_s":..,"mfu":..,
- *    "peak_alloc_mb":..,"peak_reserved_mb":..}     a training step S (1-based)
+ *    "peak_alloc_mb":..,"peak_reserved_mb":..[,"bubble":..]}
+ *                                                 a training step S (1-based); bubble: with a pipeline
  *   {"step":S,"skipped":1,"bad_in_a_row":K}         a step with a non-finite loss or norm
  *   {"step":S,"val_loss":..}                        validation before step S+1
  * On resume at step S the log keeps what the uninterrupted run had written
@@ -32,6 +33,8 @@ typedef struct {
     const char* reserved_name;  /* "reserved" (device) or "rss" (host) */
     double eta_s;
     int bad_in_a_row, max_bad_steps;
+    double bubble;              /* pipeline: measured bubble fraction; < 0: no pipeline */
+    double bubble_theory;       /* (P - 1) / (V * m) */
 } StepLog;
 
 /* Rank 0 with dir set: creates dir, opens log.jsonl (resume_step >= 0:

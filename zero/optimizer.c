@@ -5,12 +5,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-void optimizer_init(Optimizer* o, Backend* be, OptPiece* pieces, int npieces, const void* params) {
+void optimizer_init(Optimizer* o, Backend* be, const OptBuffer* bufs, int nbufs) {
     memset(o, 0, sizeof *o);
     o->be = be;
-    o->pieces = pieces;
-    o->npieces = npieces;
-    for (int i = 0; i < npieces; i++) o->nstate += pieces[i].len;
+    o->nbufs = nbufs;
+    o->bufs = xmalloc(sizeof(OptBuffer) * (size_t)(nbufs ? nbufs : 1));
+    for (int k = 0; k < nbufs; k++) {
+        o->bufs[k] = bufs[k];
+        for (int i = 0; i < bufs[k].npieces; i++) o->bufs[k].pieces[i].state_off += o->nstate;
+        for (int i = 0; i < bufs[k].npieces; i++) o->nstate += bufs[k].pieces[i].len;
+    }
     size_t bytes = o->nstate * sizeof(float);
     o->master = be->alloc(be, bytes, MEM_MASTER);
     o->m = be->alloc(be, bytes, MEM_ADAM_M);
@@ -18,16 +22,20 @@ void optimizer_init(Optimizer* o, Backend* be, OptPiece* pieces, int npieces, co
     be->zero(be, o->m, bytes);
     be->zero(be, o->v, bytes);
     size_t es = dtype_size(be->dtype);
-    for (int i = 0; i < npieces; i++)
-        be->x_to_f32(be, o->master + pieces[i].state_off,
-                     (const char*)params + pieces[i].buf_off * es, pieces[i].len);
+    for (int k = 0; k < nbufs; k++)
+        for (int i = 0; i < o->bufs[k].npieces; i++) {
+            const OptPiece* pc = &o->bufs[k].pieces[i];
+            be->x_to_f32(be, o->master + pc->state_off, (const char*)o->bufs[k].params + pc->buf_off * es, pc->len);
+        }
 }
 
-void optimizer_step(Optimizer* o, void* params, const void* grads, float lr, float beta1,
-                    float beta2, float eps, float weight_decay, float grad_scale, uint32_t seed) {
+void optimizer_step(Optimizer* o, float lr, float beta1, float beta2, float eps, float weight_decay,
+                    float grad_scale, uint32_t seed) {
     o->t++;
     AdamWArgs a = {lr, beta1, beta2, eps, weight_decay, grad_scale, o->t, seed};
-    o->be->adamw(o->be, params, grads, o->master, o->m, o->v, o->pieces, o->npieces, &a);
+    for (int k = 0; k < o->nbufs; k++)
+        o->be->adamw(o->be, o->bufs[k].params, o->bufs[k].grads, o->master, o->m, o->v, o->bufs[k].pieces,
+                     o->bufs[k].npieces, &a);
 }
 
 void optimizer_free(Optimizer* o) {
@@ -37,7 +45,8 @@ void optimizer_free(Optimizer* o) {
         o->be->release(o->be, o->m, bytes, MEM_ADAM_M);
         o->be->release(o->be, o->v, bytes, MEM_ADAM_V);
     }
-    free(o->pieces);
+    for (int k = 0; k < o->nbufs; k++) free(o->bufs[k].pieces);
+    free(o->bufs);
     memset(o, 0, sizeof *o);
 }
 
