@@ -1,0 +1,140 @@
+/* checkpoint/ckpt_format.h — the checkpoint format, pure: bytes and text in,
+ * values out, no file system, no communicator (the fuzz harness and the unit
+ * test call everything here directly). ckpt_file.h reads and writes what this
+ * defines; checkpoint.h runs the collective protocol on top of both.
+ *
+ * A checkpoint of a run that has completed S optimizer steps is a directory
+ *   <output_dir>/ckpt_<S as %08d>/
+ *     model.bin  llm.c model file, fp32 (version 3), written by rank 0
+ *     state.bin  the training state (below), written by every rank
+ *     DONE       the completion marker, written last, text:
+ *                  gpt2-checkpoint v1
+ *                  step <S>
+ *                  model.bin <bytes> crc32 <8 hex digits>
+ *                  state.bin <bytes> crc32 <8 hex digits>
+ *
+ * state.bin: a 1024-byte header of 128 little-endian uint64 slots, then three
+ * fp32 arrays of P = num_parameters elements: the master weights, AdamW m,
+ * AdamW v. Slots 0..2 are the frame (magic CKPT_MAGIC, version CKPT_VERSION,
+ * header bytes CKPT_HEADER_BYTES); the others in use are CKPT_H_* in
+ * ckpt_format.c. Unused slots are zero. Signed values are stored as int64
+ * two's complement, floats as their IEEE bits in the low 32 bits. Each array
+ * is in llm.c's file order (tensor by tensor, the order of model.bin), with
+ * no padding: element e of a tensor that starts at file_off lies at byte
+ * ckpt_state_offset(P, a, file_off + e) = 1024 + 4 * (a * P + file_off + e)
+ * for array a (0 master, 1 m, 2 v). Nothing in the file depends on the world
+ * size, the bucket size or the zero_stage.
+ */
+#ifndef CHECKPOINT_CKPT_FORMAT_H
+#define CHECKPOINT_CKPT_FORMAT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "../common/util.h"
+#include "../ddp/layout.h"
+#include "../model/gpt2.h"
+
+#define CKPT_MAGIC 20261203
+#define CKPT_VERSION 1
+#define CKPT_HEADER_BYTES 1024
+#define CKPT_DONE_MAX 4096      /* DONE is a few lines; anything this long is corrupt */
+
+/* The run's settings recorded in state.bin. */
+typedef struct {
+    /* must match on resume */
+    int sequence_length;
+    int seed;
+    int shuffle;
+    uint64_t train_rows;        /* rows of T+1 tokens in one epoch of the training data */
+    /* recorded; may change on resume (each change is printed) */
+    long long total_batch_size;
+    int batch_size, world, zero_stage, num_iterations;
+    int lr_schedule, warmup_iters;
+    float learning_rate, lr_decay_frac, weight_decay, beta1, beta2, eps, grad_clip;
+} CkptHparams;
+
+/* Where the training loop stands. */
+typedef struct {
+    int step;                   /* optimizer steps completed (skipped ones included) */
+    uint64_t next_row;          /* global row index of the next step's first row */
+    int bad_streak;             /* consecutive skipped (non-finite) steps so far */
+} CkptProgress;
+
+/* state.bin's header, decoded. */
+typedef struct {
+    int version;
+    uint64_t num_parameters;
+    GPT2Config cfg;
+    CkptProgress progress;
+    int opt_t;                  /* AdamW updates taken (bias correction) */
+    int dtype;                  /* the run's DType at save (informational) */
+    CkptHparams hp;
+} CkptHeader;
+
+/* DONE, parsed. */
+typedef struct {
+    int step;
+    long long model_bytes, state_bytes;
+    uint32_t model_crc, state_crc;
+} CkptDone;
+
+/* One range of this rank's optimizer state and where it lives in the
+ * canonical arrays of state.bin. */
+typedef struct {
+    size_t state_off;           /* element offset in the optimizer's master/m/v */
+    size_t canon_off;           /* element offset in each canonical array */
+    size_t len;
+} CkptSpan;
+
+/* ---- state.bin ---- */
+
+void ckpt_header_encode(const CkptHeader* h, unsigned char out[CKPT_HEADER_BYTES]);
+/* Decodes and checks a header of n bytes: the frame, each field's range, the
+ * shape's consistency, P against the shape, the step counters against each
+ * other. 0, or -1 with a one-line reason in err. */
+int ckpt_header_decode(const unsigned char* buf, size_t n, CkptHeader* h, char* err, size_t errlen);
+/* Resume check of a decoded header against the run's settings `now` (rank 0,
+ * after the shape check): the settings that must agree (sequence_length,
+ * seed, shuffle, the training rows), and num_iterations not below the
+ * checkpoint's step. 0 with one line per changed setting that may change in
+ * notes (NUL-terminated; cut at notes_len; notes may be NULL), or -1 + err. */
+int ckpt_header_check_resume(const CkptHeader* h, const CkptHparams* now, char* notes, size_t notes_len,
+                             char* err, size_t errlen);
+/* 0 if the shape `saved` (a checkpoint's) equals `run`;
+ * else -1 with "the checkpoint's model shape (...) differs from the run's (...)". */
+int ckpt_shape_check(const GPT2Config* saved, const GPT2Config* run, char* err, size_t errlen);
+/* model.bin's first 1024 bytes: 0 if they are the header of an fp32 llm.c
+ * model file of the shape run, else -1 + err. */
+int ckpt_model_header_check(const unsigned char* buf, const GPT2Config* run, char* err, size_t errlen);
+
+/* Sizes and offsets of the files of a model of P parameters. */
+long long ckpt_model_bytes(size_t P);
+long long ckpt_state_bytes(size_t P);
+long long ckpt_state_offset(size_t P, int array, size_t canon);
+
+/* ---- DONE ---- */
+
+/* Parses DONE's text (n bytes), strictly. 0 or -1 + err. */
+int ckpt_done_parse(const char* text, size_t n, CkptDone* d, char* err, size_t errlen);
+/* DONE's text for d into out (n bytes); returns its length (snprintf's). */
+int ckpt_done_format(const CkptDone* d, char* out, size_t n);
+
+/* ---- canonical offsets, checksums ---- */
+
+/* For each buffer range of `want` (each inside one parameter and one piece
+ * of `held`), the matching range of the optimizer state described by
+ * `held` and its canonical offset (via m->layout_to_tensor, the layout
+ * parameter's spec_off inside its tensor (a row chunk of wte) and file_off).
+ * Returns a new array of *n = nwant spans; fatal on a range that is not
+ * inside one parameter and one piece. */
+CkptSpan* ckpt_spans(const Layout* L, const GPT2* m, const OptPiece* held, int nheld,
+                     const OptPiece* want, int nwant, int* n);
+
+/* CRC-32 (zlib's polynomial 0xEDB88320, init and final xor 0xFFFFFFFF),
+ * chained: ckpt_crc32(ckpt_crc32(0, a, n), b, k) is the CRC of a then b. */
+uint32_t ckpt_crc32(uint32_t crc, const void* data, size_t n);
+
+/* snprintf into err; the error reporting of every checkpoint/ function. */
+void ckpt_errf(char* err, size_t errlen, const char* fmt, ...) PRINTF_LIKE(3, 4);
+
+#endif
