@@ -282,9 +282,11 @@ void ckpt_save(Checkpointer* c, const CkptProgress* p) {
     if (comm->rank == 0) {
         CkptDone d = {.step = p->step};
         snprintf(f, sizeof f, "%s/model.bin", tmp);
-        if (ckpt_crc32_file(f, &d.model_crc, &d.model_bytes, err, sizeof err) != 0) fatal("checkpoint: %s", err);
+        if (ckpt_crc32_file(f, &d.model_crc, &d.model_bytes, err, sizeof err) != 0)
+            fatal("checkpoint: %s", err);
         snprintf(f, sizeof f, "%s/state.bin", tmp);
-        if (ckpt_crc32_file(f, &d.state_crc, &d.state_bytes, err, sizeof err) != 0) fatal("checkpoint: %s", err);
+        if (ckpt_crc32_file(f, &d.state_crc, &d.state_bytes, err, sizeof err) != 0)
+            fatal("checkpoint: %s", err);
         if (d.state_bytes != ckpt_state_bytes(P))
             fatal("checkpoint: internal error: %s is %lld bytes, expected %lld", f, d.state_bytes,
                   ckpt_state_bytes(P));
@@ -294,8 +296,8 @@ void ckpt_save(Checkpointer* c, const CkptProgress* p) {
         if (ckpt_fsync_path(c->dir, 1, err, sizeof err) != 0) fatal("checkpoint: %s", err);
         ckpt_write_done(fin, &d);
         ckpt_prune(c, p->step);
-        printf("checkpoint: saved %s (%.1f MB) in %.2f s\n", fin, (double)(d.model_bytes + d.state_bytes) / 1048576.0,
-               wall_time_s() - t0);
+        printf("checkpoint: saved %s (%.1f MB) in %.2f s\n", fin,
+               (double)(d.model_bytes + d.state_bytes) / 1048576.0, wall_time_s() - t0);
     }
     c->last_step = p->step;
 }

@@ -327,7 +327,8 @@ int ckpt_verify(const char* path, const GPT2Config* cfg, size_t P, CkptHeader* h
         ckpt_errf(err, errlen, "%s: truncated: shorter than the %d-byte header", f, CKPT_HEADER_BYTES);
         return -1;
     }
-    if (ckpt_header_decode(sh, sizeof sh, h, e2, sizeof e2) != 0 || ckpt_shape_check(&h->cfg, cfg, e2, sizeof e2) != 0) {
+    if (ckpt_header_decode(sh, sizeof sh, h, e2, sizeof e2) != 0 ||
+        ckpt_shape_check(&h->cfg, cfg, e2, sizeof e2) != 0) {
         ckpt_errf(err, errlen, "%s: %s", f, e2);
         return -1;
     }

@@ -22,18 +22,133 @@ void ckpt_errf(char* err, size_t errlen, const char* fmt, ...) {
     va_end(ap);
 }
 
-/* state.bin header slots (uint64, little-endian). Signed values are stored
- * as int64 two's complement, floats as their IEEE bits. */
-enum {
-    CKPT_H_MAGIC = 0, CKPT_H_VERSION, CKPT_H_HEADER_BYTES, CKPT_H_NUM_PARAMETERS,
-    CKPT_H_STEP, CKPT_H_NEXT_ROW, CKPT_H_OPT_T, CKPT_H_BAD_STREAK,
-    CKPT_H_MAXT, CKPT_H_V, CKPT_H_VP, CKPT_H_L, CKPT_H_NH, CKPT_H_C,
-    CKPT_H_SEQ_LEN, CKPT_H_SEED, CKPT_H_SHUFFLE, CKPT_H_TRAIN_ROWS,
-    CKPT_H_TOTAL_BATCH, CKPT_H_BATCH, CKPT_H_WORLD, CKPT_H_ZERO_STAGE, CKPT_H_NUM_ITERATIONS,
-    CKPT_H_LR_SCHEDULE, CKPT_H_WARMUP, CKPT_H_LR, CKPT_H_LR_DECAY_FRAC, CKPT_H_WEIGHT_DECAY,
-    CKPT_H_BETA1, CKPT_H_BETA2, CKPT_H_EPS, CKPT_H_GRAD_CLIP, CKPT_H_DTYPE,
-    CKPT_H_NSLOTS
+/* ------------------------------------------------------------ the fields */
+
+#define IMAX 2147483647LL
+#define IMIN (-IMAX - 1)
+
+/* A row: the slot, the CkptHeader member (its C type picks the slot's
+ * encoding; any other type does not compile), the printed name, the decode
+ * range [lo, hi], the role on resume, and for MUST_MATCH the error (two %s:
+ * the run's value, the checkpoint's). */
+#define CKPT_TYPE_OF(member) \
+    _Generic(((CkptHeader*)0)->member, int: CKPT_I32, long long: CKPT_I64, uint64_t: CKPT_U64, float: CKPT_F32)
+#define FIELD(slot, member, name, lo, hi, role, mismatch) \
+    {slot, name, CKPT_TYPE_OF(member), offsetof(CkptHeader, member), lo, hi, CKPT_##role, mismatch}
+
+const CkptField ckpt_fields[] = {
+    /*   slot  member                  name                          lo    hi           role */
+    FIELD(3,  num_parameters,          "num_parameters",             0,    CKPT_NO_MAX, DERIVED, NULL),
+    FIELD(4,  progress.step,           "step",                       0,    IMAX,        PROGRESS, NULL),
+    FIELD(5,  progress.next_row,       "next_row",                   0,    CKPT_NO_MAX, PROGRESS, NULL),
+    FIELD(6,  opt_t,                   "AdamW t",                    0,    IMAX,        PROGRESS, NULL),
+    FIELD(7,  progress.bad_streak,     "bad_streak",                 0,    IMAX,        PROGRESS, NULL),
+    FIELD(8,  cfg.max_seq_len,         "maxT",                       1,    1 << 20,     SHAPE, NULL),
+    FIELD(9,  cfg.vocab_size,          "V",                          1,    1 << 24,     SHAPE, NULL),
+    FIELD(10, cfg.padded_vocab_size,   "padded V",                   1,    1 << 24,     SHAPE, NULL),
+    FIELD(11, cfg.num_layers,          "L",                          1,    1024,        SHAPE, NULL),
+    FIELD(12, cfg.num_heads,           "NH",                         1,    1 << 16,     SHAPE, NULL),
+    FIELD(13, cfg.channels,            "C",                          1,    1 << 16,     SHAPE, NULL),
+    FIELD(14, hp.sequence_length,      "--sequence_length",          1,    IMAX,        MUST_MATCH,
+          "--sequence_length %s differs from the checkpoint's %s (the data rows depend on it)"),
+    FIELD(15, hp.seed,                 "--seed",                     IMIN, IMAX,        MUST_MATCH,
+          "--seed %s differs from the checkpoint's %s (the data order and the rounding depend on it)"),
+    FIELD(16, hp.shuffle,              "--shuffle",                  0,    1,           MUST_MATCH,
+          "--shuffle %s differs from the checkpoint's %s (the data order depends on it)"),
+    FIELD(17, hp.train_rows,           "training rows",              1,    CKPT_NO_MAX, MUST_MATCH,
+          "--input_bin: the training data holds %s rows, but the checkpoint's run had %s: the data order "
+          "would change (resume on the same data)"),
+    FIELD(20, hp.world,                "ranks",                      1,    IMAX,        MAY_CHANGE, NULL),
+    FIELD(21, hp.zero_stage,           "--zero_stage",               0,    3,           MAY_CHANGE, NULL),
+    FIELD(19, hp.batch_size,           "--batch_size",               1,    IMAX,        MAY_CHANGE, NULL),
+    FIELD(18, hp.total_batch_size,     "--total_batch_size",         1,    CKPT_NO_MAX, MAY_CHANGE, NULL),
+    FIELD(22, hp.num_iterations,       "--num_iterations",           0,    IMAX,        MAY_CHANGE, NULL),
+    FIELD(23, hp.lr_schedule,          "--lr_schedule",              0,    2,           MAY_CHANGE, NULL),
+    FIELD(24, hp.warmup_iters,         "--warmup_iters",             0,    IMAX,        MAY_CHANGE, NULL),
+    FIELD(25, hp.learning_rate,        "--learning_rate",            0,    0,           MAY_CHANGE, NULL),
+    FIELD(26, hp.lr_decay_frac,        "--learning_rate_decay_frac", 0,    0,           MAY_CHANGE, NULL),
+    FIELD(27, hp.weight_decay,         "--weight_decay",             0,    0,           MAY_CHANGE, NULL),
+    FIELD(28, hp.beta1,                "--beta1",                    0,    0,           MAY_CHANGE, NULL),
+    FIELD(29, hp.beta2,                "--beta2",                    0,    0,           MAY_CHANGE, NULL),
+    FIELD(30, hp.eps,                  "--eps",                      0,    0,           MAY_CHANGE, NULL),
+    FIELD(31, hp.grad_clip,            "--grad_clip",                0,    0,           MAY_CHANGE, NULL),
+    FIELD(32, dtype,                   "dtype",                      0,    1,           INFO, NULL),
 };
+const int ckpt_nfields = (int)(sizeof ckpt_fields / sizeof ckpt_fields[0]);
+
+#undef FIELD
+#undef CKPT_TYPE_OF
+
+static const void* ckpt_member(const CkptField* f, const CkptHeader* h) { return (const char*)h + f->off; }
+static void* ckpt_member_w(const CkptField* f, CkptHeader* h) { return (char*)h + f->off; }
+
+static uint64_t ckpt_fbits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return u;
+}
+static float ckpt_bitsf(uint64_t v) {
+    uint32_t u = (uint32_t)v;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+uint64_t ckpt_field_bits(const CkptField* f, const CkptHeader* h) {
+    const void* p = ckpt_member(f, h);
+    switch (f->type) {
+    case CKPT_I32: return (uint64_t)(int64_t) * (const int*)p;
+    case CKPT_I64: return (uint64_t)(int64_t) * (const long long*)p;
+    case CKPT_U64: return *(const uint64_t*)p;
+    case CKPT_F32: return ckpt_fbits(*(const float*)p);
+    }
+    return 0;
+}
+
+/* Sets the member from the slot's value. Returns 1 if the value is out of
+ * range (an I32 then stays as it was; the others hold the value anyway). */
+static int ckpt_field_set(const CkptField* f, CkptHeader* h, uint64_t v) {
+    void* p = ckpt_member_w(f, h);
+    int64_t s = (int64_t)v;
+    switch (f->type) {
+    case CKPT_I32:
+        if (s < f->lo || s > f->hi) return 1;
+        *(int*)p = (int)s;
+        return 0;
+    case CKPT_I64:
+        *(long long*)p = (long long)s;
+        return s < f->lo || s > f->hi;
+    case CKPT_U64:
+        *(uint64_t*)p = v;
+        return v < (uint64_t)f->lo || (f->hi != CKPT_NO_MAX && v > (uint64_t)f->hi);
+    case CKPT_F32:
+        *(float*)p = ckpt_bitsf(v);
+        return !isfinite(*(float*)p);
+    }
+    return 1;
+}
+
+static int ckpt_field_equal(const CkptField* f, const CkptHeader* a, const CkptHeader* b) {
+    const void *x = ckpt_member(f, a), *y = ckpt_member(f, b);
+    switch (f->type) {
+    case CKPT_I32: return *(const int*)x == *(const int*)y;
+    case CKPT_I64: return *(const long long*)x == *(const long long*)y;
+    case CKPT_U64: return *(const uint64_t*)x == *(const uint64_t*)y;
+    case CKPT_F32: return *(const float*)x == *(const float*)y;
+    }
+    return 0;
+}
+
+void ckpt_field_str(const CkptField* f, const CkptHeader* h, char* out, size_t n) {
+    const void* p = ckpt_member(f, h);
+    switch (f->type) {
+    case CKPT_I32: snprintf(out, n, "%lld", (long long)*(const int*)p); return;
+    case CKPT_I64: snprintf(out, n, "%lld", *(const long long*)p); return;
+    case CKPT_U64: snprintf(out, n, "%llu", (unsigned long long)*(const uint64_t*)p); return;
+    case CKPT_F32: snprintf(out, n, "%g", (double)*(const float*)p); return;
+    }
+    if (n) out[0] = '\0';
+}
 
 /* ------------------------------------------------------------ the header */
 
@@ -45,63 +160,14 @@ static uint64_t ckpt_get(const unsigned char* in, int slot) {
     for (int b = 0; b < 8; b++) v |= (uint64_t)in[slot * 8 + b] << (8 * b);
     return v;
 }
-static uint64_t ckpt_fbits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-static float ckpt_bitsf(uint64_t v) {
-    uint32_t u = (uint32_t)v;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static uint64_t ckpt_sll(long long v) { return (uint64_t)(int64_t)v; }
 
 void ckpt_header_encode(const CkptHeader* h, unsigned char out[CKPT_HEADER_BYTES]) {
     memset(out, 0, CKPT_HEADER_BYTES);
-    ckpt_put(out, CKPT_H_MAGIC, CKPT_MAGIC);
-    ckpt_put(out, CKPT_H_VERSION, CKPT_VERSION);
-    ckpt_put(out, CKPT_H_HEADER_BYTES, CKPT_HEADER_BYTES);
-    ckpt_put(out, CKPT_H_NUM_PARAMETERS, h->num_parameters);
-    ckpt_put(out, CKPT_H_STEP, ckpt_sll(h->progress.step));
-    ckpt_put(out, CKPT_H_NEXT_ROW, h->progress.next_row);
-    ckpt_put(out, CKPT_H_OPT_T, ckpt_sll(h->opt_t));
-    ckpt_put(out, CKPT_H_BAD_STREAK, ckpt_sll(h->progress.bad_streak));
-    ckpt_put(out, CKPT_H_MAXT, ckpt_sll(h->cfg.max_seq_len));
-    ckpt_put(out, CKPT_H_V, ckpt_sll(h->cfg.vocab_size));
-    ckpt_put(out, CKPT_H_VP, ckpt_sll(h->cfg.padded_vocab_size));
-    ckpt_put(out, CKPT_H_L, ckpt_sll(h->cfg.num_layers));
-    ckpt_put(out, CKPT_H_NH, ckpt_sll(h->cfg.num_heads));
-    ckpt_put(out, CKPT_H_C, ckpt_sll(h->cfg.channels));
-    const CkptHparams* p = &h->hp;
-    ckpt_put(out, CKPT_H_SEQ_LEN, ckpt_sll(p->sequence_length));
-    ckpt_put(out, CKPT_H_SEED, ckpt_sll(p->seed));
-    ckpt_put(out, CKPT_H_SHUFFLE, ckpt_sll(p->shuffle));
-    ckpt_put(out, CKPT_H_TRAIN_ROWS, p->train_rows);
-    ckpt_put(out, CKPT_H_TOTAL_BATCH, ckpt_sll(p->total_batch_size));
-    ckpt_put(out, CKPT_H_BATCH, ckpt_sll(p->batch_size));
-    ckpt_put(out, CKPT_H_WORLD, ckpt_sll(p->world));
-    ckpt_put(out, CKPT_H_ZERO_STAGE, ckpt_sll(p->zero_stage));
-    ckpt_put(out, CKPT_H_NUM_ITERATIONS, ckpt_sll(p->num_iterations));
-    ckpt_put(out, CKPT_H_LR_SCHEDULE, ckpt_sll(p->lr_schedule));
-    ckpt_put(out, CKPT_H_WARMUP, ckpt_sll(p->warmup_iters));
-    ckpt_put(out, CKPT_H_LR, ckpt_fbits(p->learning_rate));
-    ckpt_put(out, CKPT_H_LR_DECAY_FRAC, ckpt_fbits(p->lr_decay_frac));
-    ckpt_put(out, CKPT_H_WEIGHT_DECAY, ckpt_fbits(p->weight_decay));
-    ckpt_put(out, CKPT_H_BETA1, ckpt_fbits(p->beta1));
-    ckpt_put(out, CKPT_H_BETA2, ckpt_fbits(p->beta2));
-    ckpt_put(out, CKPT_H_EPS, ckpt_fbits(p->eps));
-    ckpt_put(out, CKPT_H_GRAD_CLIP, ckpt_fbits(p->grad_clip));
-    ckpt_put(out, CKPT_H_DTYPE, ckpt_sll(h->dtype));
-}
-
-/* a signed slot that must fit an int in [lo, hi] */
-static int ckpt_get_int(const unsigned char* in, int slot, long long lo, long long hi, int* out) {
-    int64_t v = (int64_t)ckpt_get(in, slot);
-    if (v < lo || v > hi) return -1;
-    *out = (int)v;
-    return 0;
+    ckpt_put(out, CKPT_SLOT_MAGIC, CKPT_MAGIC);
+    ckpt_put(out, CKPT_SLOT_VERSION, CKPT_VERSION);
+    ckpt_put(out, CKPT_SLOT_HEADER_BYTES, CKPT_HEADER_BYTES);
+    for (int i = 0; i < ckpt_nfields; i++)
+        ckpt_put(out, ckpt_fields[i].slot, ckpt_field_bits(&ckpt_fields[i], h));
 }
 
 static size_t ckpt_num_parameters(const GPT2Config* cfg) {
@@ -120,67 +186,42 @@ int ckpt_header_decode(const unsigned char* in, size_t n, CkptHeader* h, char* e
         ckpt_errf(err, errlen, "truncated: %zu bytes, shorter than the %d-byte header", n, CKPT_HEADER_BYTES);
         return -1;
     }
-    if (ckpt_get(in, CKPT_H_MAGIC) != CKPT_MAGIC) {
+    if (ckpt_get(in, CKPT_SLOT_MAGIC) != CKPT_MAGIC) {
         ckpt_errf(err, errlen, "wrong magic number %llu (expected %d): not a checkpoint state file",
-                  (unsigned long long)ckpt_get(in, CKPT_H_MAGIC), CKPT_MAGIC);
+                  (unsigned long long)ckpt_get(in, CKPT_SLOT_MAGIC), CKPT_MAGIC);
         return -1;
     }
-    if (ckpt_get(in, CKPT_H_VERSION) != CKPT_VERSION || ckpt_get(in, CKPT_H_HEADER_BYTES) != CKPT_HEADER_BYTES) {
+    if (ckpt_get(in, CKPT_SLOT_VERSION) != CKPT_VERSION ||
+        ckpt_get(in, CKPT_SLOT_HEADER_BYTES) != CKPT_HEADER_BYTES) {
         ckpt_errf(err, errlen, "unsupported checkpoint version %llu (header %llu bytes; expected version %d, %d bytes)",
-                  (unsigned long long)ckpt_get(in, CKPT_H_VERSION),
-                  (unsigned long long)ckpt_get(in, CKPT_H_HEADER_BYTES), CKPT_VERSION, CKPT_HEADER_BYTES);
+                  (unsigned long long)ckpt_get(in, CKPT_SLOT_VERSION),
+                  (unsigned long long)ckpt_get(in, CKPT_SLOT_HEADER_BYTES), CKPT_VERSION, CKPT_HEADER_BYTES);
         return -1;
     }
     h->version = CKPT_VERSION;
-    const long long IMAX = 2147483647LL;
-    GPT2Config* c = &h->cfg;
-    CkptHparams* p = &h->hp;
+    /* the shape first: the parameter count and the sequence length depend on it */
+    const GPT2Config* c = &h->cfg;
     int bad = 0;
-    bad |= ckpt_get_int(in, CKPT_H_MAXT, 1, 1 << 20, &c->max_seq_len);
-    bad |= ckpt_get_int(in, CKPT_H_V, 1, 1 << 24, &c->vocab_size);
-    bad |= ckpt_get_int(in, CKPT_H_VP, 1, 1 << 24, &c->padded_vocab_size);
-    bad |= ckpt_get_int(in, CKPT_H_L, 1, 1024, &c->num_layers);
-    bad |= ckpt_get_int(in, CKPT_H_NH, 1, 1 << 16, &c->num_heads);
-    bad |= ckpt_get_int(in, CKPT_H_C, 1, 1 << 16, &c->channels);
+    for (int i = 0; i < ckpt_nfields; i++)
+        if (ckpt_fields[i].role == CKPT_SHAPE)
+            bad |= ckpt_field_set(&ckpt_fields[i], h, ckpt_get(in, ckpt_fields[i].slot));
     if (bad || c->padded_vocab_size < c->vocab_size || c->channels % c->num_heads != 0) {
         ckpt_errf(err, errlen, "invalid model shape in the header");
         return -1;
     }
-    h->num_parameters = ckpt_get(in, CKPT_H_NUM_PARAMETERS);
-    if (h->num_parameters != ckpt_num_parameters(c)) {
+    for (int i = 0; i < ckpt_nfields; i++)
+        if (ckpt_fields[i].role != CKPT_SHAPE)
+            bad |= ckpt_field_set(&ckpt_fields[i], h, ckpt_get(in, ckpt_fields[i].slot));
+    size_t count = ckpt_num_parameters(c);
+    if (h->num_parameters != count) {
         ckpt_errf(err, errlen, "header says %llu parameters, but its model shape has %zu",
-                  (unsigned long long)h->num_parameters, ckpt_num_parameters(c));
+                  (unsigned long long)h->num_parameters, count);
         return -1;
     }
-    bad |= ckpt_get_int(in, CKPT_H_STEP, 0, IMAX, &h->progress.step);
-    bad |= ckpt_get_int(in, CKPT_H_OPT_T, 0, IMAX, &h->opt_t);
-    bad |= ckpt_get_int(in, CKPT_H_BAD_STREAK, 0, IMAX, &h->progress.bad_streak);
-    h->progress.next_row = ckpt_get(in, CKPT_H_NEXT_ROW);
-    bad |= ckpt_get_int(in, CKPT_H_SEQ_LEN, 1, c->max_seq_len, &p->sequence_length);
-    bad |= ckpt_get_int(in, CKPT_H_SEED, -IMAX - 1, IMAX, &p->seed);
-    bad |= ckpt_get_int(in, CKPT_H_SHUFFLE, 0, 1, &p->shuffle);
-    p->train_rows = ckpt_get(in, CKPT_H_TRAIN_ROWS);
-    p->total_batch_size = (long long)(int64_t)ckpt_get(in, CKPT_H_TOTAL_BATCH);
-    bad |= ckpt_get_int(in, CKPT_H_BATCH, 1, IMAX, &p->batch_size);
-    bad |= ckpt_get_int(in, CKPT_H_WORLD, 1, IMAX, &p->world);
-    bad |= ckpt_get_int(in, CKPT_H_ZERO_STAGE, 0, 3, &p->zero_stage);   /* informational */
-    bad |= ckpt_get_int(in, CKPT_H_NUM_ITERATIONS, 0, IMAX, &p->num_iterations);
-    bad |= ckpt_get_int(in, CKPT_H_LR_SCHEDULE, 0, 2, &p->lr_schedule);
-    bad |= ckpt_get_int(in, CKPT_H_WARMUP, 0, IMAX, &p->warmup_iters);
-    bad |= ckpt_get_int(in, CKPT_H_DTYPE, 0, 1, &h->dtype);
-    p->learning_rate = ckpt_bitsf(ckpt_get(in, CKPT_H_LR));
-    p->lr_decay_frac = ckpt_bitsf(ckpt_get(in, CKPT_H_LR_DECAY_FRAC));
-    p->weight_decay = ckpt_bitsf(ckpt_get(in, CKPT_H_WEIGHT_DECAY));
-    p->beta1 = ckpt_bitsf(ckpt_get(in, CKPT_H_BETA1));
-    p->beta2 = ckpt_bitsf(ckpt_get(in, CKPT_H_BETA2));
-    p->eps = ckpt_bitsf(ckpt_get(in, CKPT_H_EPS));
-    p->grad_clip = ckpt_bitsf(ckpt_get(in, CKPT_H_GRAD_CLIP));
-    float fl[7] = {p->learning_rate, p->lr_decay_frac, p->weight_decay, p->beta1, p->beta2, p->eps, p->grad_clip};
-    for (int i = 0; i < 7; i++) bad |= !isfinite(fl[i]);
-    if (bad || p->total_batch_size <= 0 || p->train_rows == 0 || h->opt_t > h->progress.step ||
+    if (bad || h->hp.sequence_length > c->max_seq_len || h->opt_t > h->progress.step ||
         h->progress.bad_streak > h->progress.step) {
         ckpt_errf(err, errlen, "invalid training state in the header (step %d, AdamW t %d, total batch %lld)",
-                  h->progress.step, h->opt_t, p->total_batch_size);
+                  h->progress.step, h->opt_t, h->hp.total_batch_size);
         return -1;
     }
     return 0;
@@ -189,27 +230,16 @@ int ckpt_header_decode(const unsigned char* in, size_t n, CkptHeader* h, char* e
 int ckpt_header_check_resume(const CkptHeader* h, const CkptHparams* now, char* notes, size_t notes_len,
                              char* err, size_t errlen) {
     if (notes && notes_len) notes[0] = '\0';
-    size_t used = 0;
-    const CkptHparams* was = &h->hp;
-    if (was->sequence_length != now->sequence_length) {
-        ckpt_errf(err, errlen, "--sequence_length %d differs from the checkpoint's %d (the data rows depend on it)",
-                  now->sequence_length, was->sequence_length);
-        return -1;
-    }
-    if (was->seed != now->seed) {
-        ckpt_errf(err, errlen, "--seed %d differs from the checkpoint's %d (the data order and the rounding "
-                  "depend on it)", now->seed, was->seed);
-        return -1;
-    }
-    if (was->shuffle != now->shuffle) {
-        ckpt_errf(err, errlen, "--shuffle %d differs from the checkpoint's %d (the data order depends on it)",
-                  now->shuffle, was->shuffle);
-        return -1;
-    }
-    if (was->train_rows != now->train_rows) {
-        ckpt_errf(err, errlen, "--input_bin: the training data holds %llu rows, but the checkpoint's run had "
-                  "%llu: the data order would change (resume on the same data)",
-                  (unsigned long long)now->train_rows, (unsigned long long)was->train_rows);
+    /* the run as a header: the checkpoint's, with the run's settings */
+    CkptHeader run = *h;
+    run.hp = *now;
+    char a[64], b[64];
+    for (int i = 0; i < ckpt_nfields; i++) {
+        const CkptField* f = &ckpt_fields[i];
+        if (f->role != CKPT_MUST_MATCH || ckpt_field_equal(f, h, &run)) continue;
+        ckpt_field_str(f, &run, a, sizeof a);
+        ckpt_field_str(f, h, b, sizeof b);
+        ckpt_errf(err, errlen, f->mismatch, a, b);
         return -1;
     }
     if (now->num_iterations < h->progress.step) {
@@ -217,46 +247,35 @@ int ckpt_header_check_resume(const CkptHeader* h, const CkptHparams* now, char* 
                   h->progress.step);
         return -1;
     }
-#define NOTE(fmt, name, a, b)                                                                       \
-    if (notes && used < notes_len) {                                                                \
-        int k = snprintf(notes + used, notes_len - used, "resume: %s changes from " fmt " (checkpoint) " \
-                         "to " fmt "\n", name, a, b);                                                  \
-        used = k < 0 ? notes_len : used + (size_t)k;                                                \
+    size_t used = 0;
+    for (int i = 0; i < ckpt_nfields && notes; i++) {
+        const CkptField* f = &ckpt_fields[i];
+        if (f->role != CKPT_MAY_CHANGE || ckpt_field_equal(f, h, &run)) continue;
+        ckpt_field_str(f, h, b, sizeof b);
+        ckpt_field_str(f, &run, a, sizeof a);
+        if (used < notes_len) {
+            int k = snprintf(notes + used, notes_len - used, "resume: %s changes from %s (checkpoint) to %s\n",
+                             f->name, b, a);
+            used = k < 0 ? notes_len : used + (size_t)k;
+        }
     }
-#define NOTE_I(name, field) \
-    if (was->field != now->field) NOTE("%lld", name, (long long)was->field, (long long)now->field)
-#define NOTE_F(name, field) \
-    if (was->field != now->field) NOTE("%g", name, (double)was->field, (double)now->field)
-    NOTE_I("ranks", world);
-    NOTE_I("--zero_stage", zero_stage);
-    NOTE_I("--batch_size", batch_size);
-    NOTE_I("--total_batch_size", total_batch_size);
-    NOTE_I("--num_iterations", num_iterations);
-    NOTE_I("--lr_schedule", lr_schedule);
-    NOTE_I("--warmup_iters", warmup_iters);
-    NOTE_F("--learning_rate", learning_rate);
-    NOTE_F("--learning_rate_decay_frac", lr_decay_frac);
-    NOTE_F("--weight_decay", weight_decay);
-    NOTE_F("--beta1", beta1);
-    NOTE_F("--beta2", beta2);
-    NOTE_F("--eps", eps);
-    NOTE_F("--grad_clip", grad_clip);
-#undef NOTE_I
-#undef NOTE_F
-#undef NOTE
     return 0;
 }
 
 int ckpt_shape_check(const GPT2Config* saved, const GPT2Config* run, char* err, size_t errlen) {
-    if (saved->max_seq_len != run->max_seq_len || saved->vocab_size != run->vocab_size ||
-        saved->padded_vocab_size != run->padded_vocab_size || saved->num_layers != run->num_layers ||
-        saved->num_heads != run->num_heads || saved->channels != run->channels) {
-        ckpt_errf(err, errlen, "the checkpoint's model shape (L %d, NH %d, C %d, maxT %d, V %d) differs "
-                  "from the run's (L %d, NH %d, C %d, maxT %d, V %d)", saved->num_layers, saved->num_heads,
-                  saved->channels, saved->max_seq_len, saved->vocab_size, run->num_layers, run->num_heads,
-                  run->channels, run->max_seq_len, run->vocab_size);
-        return -1;
-    }
+    CkptHeader a, b;
+    memset(&a, 0, sizeof a);
+    memset(&b, 0, sizeof b);
+    a.cfg = *saved;
+    b.cfg = *run;
+    for (int i = 0; i < ckpt_nfields; i++)
+        if (ckpt_fields[i].role == CKPT_SHAPE && !ckpt_field_equal(&ckpt_fields[i], &a, &b)) {
+            ckpt_errf(err, errlen, "the checkpoint's model shape (L %d, NH %d, C %d, maxT %d, V %d) differs "
+                      "from the run's (L %d, NH %d, C %d, maxT %d, V %d)", saved->num_layers, saved->num_heads,
+                      saved->channels, saved->max_seq_len, saved->vocab_size, run->num_layers, run->num_heads,
+                      run->channels, run->max_seq_len, run->vocab_size);
+            return -1;
+        }
     return 0;
 }
 
