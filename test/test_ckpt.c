@@ -1,8 +1,14 @@
-/* test/test_ckpt.c — unit tests of checkpoint/checkpoint.c, no MPI:
+/* test/test_ckpt.c — unit tests of checkpoint/ (ckpt_format.c, ckpt_file.c,
+ * checkpoint.c's log trim), no MPI:
  *  - CRC-32: the standard check value, and a bit-by-bit reference over
  *    random data in random chunks;
- *  - state.bin header: encode -> decode round trip, rejection of corrupt
- *    fields; DONE: the exact format and rejection of near misses;
+ *  - state.bin header: encode -> decode round trip, the encoding against the
+ *    format's bytes written out by hand, rejection of corrupt fields; DONE:
+ *    the exact format, format -> parse round trip, rejection of near misses;
+ *  - the header's field table: slots in range and unique, each role's
+ *    member where it must be; every field with a bounded range refuses the
+ *    values just outside it; every must-match setting fails the resume check
+ *    with its message when it differs, every may-change setting is printed;
  *  - canonical order: for world sizes 1..6, zero_stage 0 and 1, one bucket
  *    and many tiny buckets, every rank writes its owned ranges into one file
  *    (as the trainer does); the file must equal a reference built
@@ -165,6 +171,9 @@ static void test_header(void) {
     rc = ckpt_done_parse(good, strlen(good), &dn, err, sizeof err);
     CHECK(rc == 0 && dn.step == 12 && dn.model_bytes == 6545920 && dn.model_crc == 0x58724e6eu &&
               dn.state_bytes == 19635712 && dn.state_crc == 0xad0793a6u, "DONE: parse of a good marker (%s)", err);
+    char again[256];
+    int len = ckpt_done_format(&dn, again, sizeof again);
+    CHECK(len == (int)strlen(good) && strcmp(again, good) == 0, "DONE: format of the parsed marker: '%s'", again);
     const char* near[] = {
         "gpt2-checkpoint v1\nstep 12\nmodel.bin 6545920 crc32 58724e6e\nstate.bin 19635712 crc32 ad0793a6",
         "gpt2-checkpoint v1\nstep 12\nmodel.bin 6545920 crc32 58724e6e\nstate.bin 19635712 crc32 ad0793a6\n\n",
@@ -178,7 +187,125 @@ static void test_header(void) {
     int nn = (int)(sizeof near / sizeof near[0]);
     for (int i = 0; i < nn; i++)
         CHECK(ckpt_done_parse(near[i], strlen(near[i]), &dn, err, sizeof err) != 0, "DONE near miss %d accepted", i);
-    printf("DONE: good marker parsed, %d near misses refused\n", nn);
+    printf("DONE: good marker parsed and formatted back, %d near misses refused\n", nn);
+}
+
+/* ---- the header's field table ---- */
+
+/* Changes a field's value in h (to another value of its type). */
+static void bump(const CkptField* f, CkptHeader* h) {
+    void* p = (char*)h + f->off;
+    switch (f->type) {
+    case CKPT_I32: *(int*)p += 1; break;
+    case CKPT_I64: *(long long*)p += 1; break;
+    case CKPT_U64: *(uint64_t*)p += 1; break;
+    case CKPT_F32: *(float*)p = 2.0f * *(float*)p + 1.0f; break;
+    }
+}
+
+static int inside(size_t off, size_t base, size_t size) { return off >= base && off < base + size; }
+
+static void test_fields(void) {
+    GPT2Config cfg = tiny_cfg();
+    size_t P = num_params(&cfg);
+    CkptHeader h = sample_header(&cfg, P), d;
+    unsigned char buf[CKPT_HEADER_BYTES], bad[CKPT_HEADER_BYTES];
+    char err[512], notes[4096];
+    ckpt_header_encode(&h, buf);
+    /* the table itself */
+    int used[CKPT_HEADER_SLOTS] = {0}, table_ok = 1;
+    for (int i = 0; i < ckpt_nfields; i++) {
+        const CkptField* f = &ckpt_fields[i];
+        int ok = f->slot >= CKPT_FIRST_FIELD_SLOT && f->slot < CKPT_HEADER_SLOTS && !used[f->slot]++;
+        if (f->role == CKPT_SHAPE) ok &= inside(f->off, offsetof(CkptHeader, cfg), sizeof(GPT2Config));
+        if (f->role == CKPT_MUST_MATCH || f->role == CKPT_MAY_CHANGE)
+            ok &= inside(f->off, offsetof(CkptHeader, hp), sizeof(CkptHparams));
+        if (f->role == CKPT_MUST_MATCH) {   /* two %s, no other conversion */
+            int conv = 0, strs = 0;
+            for (const char* c = f->mismatch ? f->mismatch : ""; *c; c++)
+                if (*c == '%') { conv++; strs += c[1] == 's'; c++; }
+            ok &= f->mismatch && conv == 2 && strs == 2;
+        } else {
+            ok &= f->mismatch == NULL;
+        }
+        CHECK(ok, "field table: row %d (%s, slot %d) breaks the table's rules", i, f->name, f->slot);
+        table_ok &= ok;
+        /* the slot holds the member's value */
+        uint64_t v = 0;
+        for (int b = 0; b < 8; b++) v |= (uint64_t)buf[f->slot * 8 + b] << (8 * b);
+        CHECK(v == ckpt_field_bits(f, &h), "field %s: slot %d does not hold its value", f->name, f->slot);
+    }
+    /* ranges: the values just outside each bounded range are refused */
+    int refused = 0, probes = 0;
+    for (int i = 0; i < ckpt_nfields; i++) {
+        const CkptField* f = &ckpt_fields[i];
+        uint64_t outside[3];
+        int no = 0;
+        if (f->type == CKPT_F32) {
+            outside[no++] = 0x7fc00000u;   /* NaN */
+            outside[no++] = 0xff800000u;   /* -Inf */
+        } else {
+            long long min = f->type == CKPT_U64 ? 0 : -0x7fffffffffffffffLL - 1;   /* of the slot's type */
+            if (f->lo > min) outside[no++] = (uint64_t)(f->lo - 1);
+            if (f->hi != CKPT_NO_MAX) outside[no++] = (uint64_t)(f->hi + 1);
+        }
+        for (int k = 0; k < no; k++) {
+            memcpy(bad, buf, sizeof buf);
+            for (int b = 0; b < 8; b++) bad[f->slot * 8 + b] = (unsigned char)(outside[k] >> (8 * b));
+            err[0] = '\0';
+            int r = ckpt_header_decode(bad, sizeof bad, &d, err, sizeof err);
+            probes++;
+            refused += r != 0 && err[0];
+            CHECK(r != 0 && err[0], "field %s: the value %lld outside [%lld, %lld] was accepted", f->name,
+                  (long long)outside[k], f->lo, f->hi);
+        }
+    }
+    /* resume: every must-match setting refuses a change, every may-change one prints it */
+    CkptHparams now = h.hp;
+    int rc = ckpt_header_check_resume(&h, &now, notes, sizeof notes, err, sizeof err);
+    CHECK(rc == 0 && notes[0] == '\0', "resume with the same settings: rc %d, notes '%s'", rc, notes);
+    int matched = 0, noted = 0;
+    for (int i = 0; i < ckpt_nfields; i++) {
+        const CkptField* f = &ckpt_fields[i];
+        if (f->role != CKPT_MUST_MATCH && f->role != CKPT_MAY_CHANGE) continue;
+        CkptHeader run = h;
+        bump(f, &run);
+        char want[256], a[64], b[64];
+        ckpt_field_str(f, &run, a, sizeof a);
+        ckpt_field_str(f, &h, b, sizeof b);
+        err[0] = notes[0] = '\0';
+        rc = ckpt_header_check_resume(&h, &run.hp, notes, sizeof notes, err, sizeof err);
+        if (f->role == CKPT_MUST_MATCH) {
+            snprintf(want, sizeof want, f->mismatch, a, b);
+            matched += rc != 0 && strcmp(err, want) == 0;
+            CHECK(rc != 0 && strcmp(err, want) == 0, "must-match %s: rc %d, '%s'", f->name, rc, err);
+        } else {
+            snprintf(want, sizeof want, "resume: %s changes from %s (checkpoint) to %s\n", f->name, b, a);
+            noted += rc == 0 && strcmp(notes, want) == 0;
+            CHECK(rc == 0 && strcmp(notes, want) == 0, "may-change %s: rc %d, notes '%s'", f->name, rc, notes);
+        }
+    }
+    /* two of them against text written out here */
+    now = h.hp;
+    now.seed = -41;
+    rc = ckpt_header_check_resume(&h, &now, notes, sizeof notes, err, sizeof err);
+    CHECK(rc != 0 && strcmp(err, "--seed -41 differs from the checkpoint's -42 (the data order and the rounding "
+                             "depend on it)") == 0, "seed mismatch: '%s'", err);
+    now = h.hp;
+    now.world = 2;
+    now.learning_rate = 6e-4f;
+    rc = ckpt_header_check_resume(&h, &now, notes, sizeof notes, err, sizeof err);
+    CHECK(rc == 0 && strcmp(notes, "resume: ranks changes from 5 (checkpoint) to 2\n"
+                                   "resume: --learning_rate changes from 0.0003 (checkpoint) to 0.0006\n") == 0,
+          "notes: '%s'", notes);
+    now = h.hp;
+    now.num_iterations = 16;
+    rc = ckpt_header_check_resume(&h, &now, NULL, 0, err, sizeof err);
+    CHECK(rc != 0 && strstr(err, "--num_iterations 16 is below the checkpoint's step 17"), "num_iterations: '%s'",
+          err);
+    printf("field table: %d fields, slots unique (%s); %d/%d out-of-range values refused; %d must-match settings "
+           "refused, %d may-change settings printed\n", ckpt_nfields, table_ok ? "ok" : "BAD", refused, probes,
+           matched, noted);
 }
 
 /* ---- canonical order across world sizes, stages and bucket sizes ---- */
@@ -474,6 +601,7 @@ int main(void) {
     test_crc();
     test_header();
     test_header_bytes();
+    test_fields();
     test_canonical();
     test_verify();
     test_log_trim();
