@@ -1,5 +1,9 @@
 /* model/gpt2.c — GPT-2 over the kernel interface: tensors, init, llm.c
- * files, forward, backward. See gpt2.h.
+ * files, forward, backward. See gpt2.h for the contracts and the order of
+ * the calls.
+ *
+ * Tensors are named by (kind, layer); gpt2_tensor_index is the only code that
+ * turns a name into a position in llm.c's file order (= index in m->tensors).
  *
  * Forward reads parameters at params + buf_off; backward accumulates
  * gradients through the per-layout-parameter pointer table grad_ptr (by
@@ -18,13 +22,12 @@
 #include <omp.h>
 #endif
 
-#define GPT2_MODEL_MAGIC 20240326
-
 static const char* kind_names[GPT2_NUM_KINDS] = {
     "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
     "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
 
 static int kind_is_layer(int k) { return k >= GPT2_LN1W && k <= GPT2_FCPROJB; }
+#define LAYER_KINDS (GPT2_FCPROJB - GPT2_LN1W + 1)   /* 12 tensors per layer */
 static int kind_decays(int k) {
     return k == GPT2_WTE || k == GPT2_WPE || k == GPT2_QKVW || k == GPT2_ATTPROJW ||
            k == GPT2_FCW || k == GPT2_FCPROJW;
@@ -59,88 +62,136 @@ int gpt2_preset(const char* name, GPT2Config* cfg) {
     return 0;
 }
 
-void gpt2_read_header(const char* path, GPT2Config* cfg, int* version) {
-    FILE* f = xfopen(path, "rb");
-    int32_t h[256];
+size_t gpt2_num_parameters(const GPT2Config* cfg) {
+    size_t n = 0;
+    for (int k = 0; k < GPT2_NUM_KINDS; k++)
+        n += kind_numel(cfg, k) * (kind_is_layer(k) ? (size_t)cfg->num_layers : 1);
+    return n;
+}
+
+/* The shape limits bound the parameter count (Vp * C <= 2^40, L * 12 C^2 < 2^46), so the file size
+ * that the header describes fits in a long long, and every numel in a size_t. */
+int gpt2_header_decode(const int32_t h[GPT2_HEADER_INTS], GPT2Config* cfg, int* version, char* err,
+                       size_t errlen) {
+    if (h[0] != GPT2_MODEL_MAGIC) {
+        snprintf(err, errlen, "wrong magic number %d (expected %d): not an llm.c model file", h[0],
+                 GPT2_MODEL_MAGIC);
+        return -1;
+    }
+    if (h[1] != 3 && h[1] != 5) {
+        snprintf(err, errlen, "unsupported model file version %d (expected 3 for fp32 or 5 for bf16)", h[1]);
+        return -1;
+    }
+    GPT2Config c;
+    c.max_seq_len = h[2];
+    c.vocab_size = h[3];
+    c.num_layers = h[4];
+    c.num_heads = h[5];
+    c.channels = h[6];
+    c.padded_vocab_size = h[7];
+    if (c.max_seq_len <= 0 || c.vocab_size <= 0 || c.num_layers <= 0 || c.num_heads <= 0 ||
+        c.channels <= 0 || c.padded_vocab_size < c.vocab_size || c.channels % c.num_heads != 0 ||
+        c.max_seq_len > (1 << 20) || c.channels > (1 << 16) || c.num_layers > 1024 ||
+        c.padded_vocab_size > (1 << 24)) {
+        snprintf(err, errlen, "invalid model shape in header (maxT %d, V %d, Vp %d, L %d, NH %d, C %d)",
+                 h[2], h[3], h[7], h[4], h[5], h[6]);
+        return -1;
+    }
+    *cfg = c;
+    *version = h[1];
+    return 0;
+}
+
+void gpt2_header_encode(const GPT2Config* cfg, int version, int32_t h[GPT2_HEADER_INTS]) {
+    memset(h, 0, GPT2_HEADER_INTS * sizeof(int32_t));
+    h[0] = GPT2_MODEL_MAGIC;
+    h[1] = version;
+    h[2] = cfg->max_seq_len;
+    h[3] = cfg->vocab_size;
+    h[4] = cfg->num_layers;
+    h[5] = cfg->num_heads;
+    h[6] = cfg->channels;
+    h[7] = cfg->padded_vocab_size;
+}
+
+/* Reads and checks the header of the model file f (opened at its start, named path in messages):
+ * fatal on a bad header or a file size other than the one the header describes. Leaves f at the
+ * first parameter. */
+static void read_header_from(FILE* f, const char* path, GPT2Config* cfg, int* version) {
+    int32_t h[GPT2_HEADER_INTS];
     long long size = file_size(f);
     if (size < (long long)sizeof h)
-        fatal("%s: file is truncated: %lld bytes, shorter than the 1024-byte header", path, size);
-    xfread(h, sizeof(int32_t), 256, f, path);
-    fclose(f);
-    if (h[0] != GPT2_MODEL_MAGIC)
-        fatal("%s: wrong magic number %d (expected %d): not an llm.c model file", path, h[0],
-              GPT2_MODEL_MAGIC);
-    if (h[1] != 3 && h[1] != 5)
-        fatal("%s: unsupported model file version %d (expected 3 for fp32 or 5 for bf16)", path,
-              h[1]);
-    cfg->max_seq_len = h[2];
-    cfg->vocab_size = h[3];
-    cfg->num_layers = h[4];
-    cfg->num_heads = h[5];
-    cfg->channels = h[6];
-    cfg->padded_vocab_size = h[7];
-    if (cfg->max_seq_len <= 0 || cfg->vocab_size <= 0 || cfg->num_layers <= 0 ||
-        cfg->num_heads <= 0 || cfg->channels <= 0 || cfg->padded_vocab_size < cfg->vocab_size ||
-        cfg->channels % cfg->num_heads != 0 || cfg->max_seq_len > (1 << 20) ||
-        cfg->channels > (1 << 16) || cfg->num_layers > 1024 || cfg->padded_vocab_size > (1 << 24))
-        fatal("%s: invalid model shape in header (maxT %d, V %d, Vp %d, L %d, NH %d, C %d)", path,
-              h[2], h[3], h[7], h[4], h[5], h[6]);
-    *version = h[1];
-    /* size check: header + all parameters */
-    GPT2 tmp;
-    memset(&tmp, 0, sizeof tmp);
-    int n;
-    free(gpt2_describe(&tmp, cfg, &n));
-    size_t elsize = h[1] == 3 ? 4 : 2;
-    long long want = (long long)sizeof h + (long long)(tmp.num_parameters * elsize);
-    free(tmp.tensors);
-    free(tmp.layout_to_tensor);
+        fatal("%s: file is truncated: %lld bytes, shorter than the %zu-byte header", path, size, sizeof h);
+    xfread(h, sizeof(int32_t), GPT2_HEADER_INTS, f, path);
+    char err[256];
+    if (gpt2_header_decode(h, cfg, version, err, sizeof err) != 0) fatal("%s: %s", path, err);
+    size_t elsize = *version == 3 ? 4 : 2;
+    long long want = (long long)sizeof h + (long long)(gpt2_num_parameters(cfg) * elsize);
     if (size != want)
         fatal("%s: file is %s: %lld bytes, but its header describes %lld bytes", path,
               size < want ? "truncated" : "too long", size, want);
 }
 
+void gpt2_read_header(const char* path, GPT2Config* cfg, int* version) {
+    FILE* f = xfopen(path, "rb");
+    read_header_from(f, path, cfg, version);
+    fclose(f);
+}
+
+int gpt2_tensor_index(const GPT2Config* cfg, int kind, int layer) {
+    int L = cfg->num_layers;
+    if (kind < 0 || kind >= GPT2_NUM_KINDS || (kind_is_layer(kind) ? layer < 0 || layer >= L : layer != -1))
+        fatal("internal: no tensor of kind %d at layer %d (L %d)", kind, layer, L);
+    /* llm.c's file order: wte, wpe, each layer kind for layers 0..L-1, lnfw, lnfb */
+    if (kind == GPT2_WTE || kind == GPT2_WPE) return kind - GPT2_WTE;
+    if (kind_is_layer(kind)) return 2 + (kind - GPT2_LN1W) * L + layer;
+    return 2 + LAYER_KINDS * L + (kind - GPT2_LNFW);
+}
+
+GPT2Tensor* gpt2_tensor(const GPT2* m, int kind, int layer) {
+    return &m->tensors[gpt2_tensor_index(&m->cfg, kind, layer)];
+}
+
 LayoutParamSpec* gpt2_describe(GPT2* m, const GPT2Config* cfg, int* n) {
     int L = cfg->num_layers;
     m->cfg = *cfg;
-    m->ntensors = 12 * L + 4;
+    m->ntensors = LAYER_KINDS * L + 4;
     m->tensors = xcalloc((size_t)m->ntensors, sizeof(GPT2Tensor));
     m->layout_to_tensor = xcalloc((size_t)m->ntensors, sizeof(int));
-    /* file order: kind-major, layers inside */
-    int ti = 0;
-    size_t off = 0;
     for (int k = 0; k < GPT2_NUM_KINDS; k++) {
         int nl = kind_is_layer(k) ? L : 1;
-        for (int l = 0; l < nl; l++) {
-            GPT2Tensor* t = &m->tensors[ti++];
+        for (int i = 0; i < nl; i++) {
+            int l = kind_is_layer(k) ? i : -1;
+            GPT2Tensor* t = gpt2_tensor(m, k, l);
             t->kind = k;
-            t->layer = kind_is_layer(k) ? l : -1;
+            t->layer = l;
             t->numel = kind_numel(cfg, k);
-            t->file_off = off;
             t->decay = kind_decays(k);
-            if (t->layer >= 0) snprintf(t->name, sizeof t->name, "h%d.%s", l, kind_names[k]);
+            if (l >= 0) snprintf(t->name, sizeof t->name, "h%d.%s", l, kind_names[k]);
             else snprintf(t->name, sizeof t->name, "%s", kind_names[k]);
-            off += t->numel;
         }
+    }
+    /* the file holds the tensors back to back in index order */
+    size_t off = 0;
+    for (int i = 0; i < m->ntensors; i++) {
+        m->tensors[i].file_off = off;
+        off += m->tensors[i].numel;
     }
     m->num_parameters = off;
     /* layout order: the order in which backward finishes the gradients */
     LayoutParamSpec* specs = xcalloc((size_t)m->ntensors, sizeof(LayoutParamSpec));
     int li = 0;
-#define TENSOR_INDEX(k, l) (kind_is_layer(k) ? 2 + ((k) - GPT2_LN1W) * L + (l) : \
-                            (k) == GPT2_WTE ? 0 : (k) == GPT2_WPE ? 1 : 2 + 12 * L + ((k) - GPT2_LNFW))
-    int order_layer[12] = {GPT2_FCPROJW, GPT2_FCPROJB, GPT2_FCW, GPT2_FCB, GPT2_LN2W, GPT2_LN2B,
+    int order_layer[LAYER_KINDS] = {GPT2_FCPROJW, GPT2_FCPROJB, GPT2_FCW, GPT2_FCB, GPT2_LN2W, GPT2_LN2B,
                            GPT2_ATTPROJW, GPT2_ATTPROJB, GPT2_QKVW, GPT2_QKVB, GPT2_LN1W,
                            GPT2_LN1B};
     int* seq = xmalloc(sizeof(int) * (size_t)m->ntensors);
     int ns = 0;
-    seq[ns++] = TENSOR_INDEX(GPT2_LNFW, -1);
-    seq[ns++] = TENSOR_INDEX(GPT2_LNFB, -1);
+    seq[ns++] = gpt2_tensor_index(cfg, GPT2_LNFW, -1);
+    seq[ns++] = gpt2_tensor_index(cfg, GPT2_LNFB, -1);
     for (int l = L - 1; l >= 0; l--)
-        for (int j = 0; j < 12; j++) seq[ns++] = TENSOR_INDEX(order_layer[j], l);
-    seq[ns++] = TENSOR_INDEX(GPT2_WPE, -1);
-    seq[ns++] = TENSOR_INDEX(GPT2_WTE, -1);
-#undef TENSOR_INDEX
+        for (int j = 0; j < LAYER_KINDS; j++) seq[ns++] = gpt2_tensor_index(cfg, order_layer[j], l);
+    seq[ns++] = gpt2_tensor_index(cfg, GPT2_WPE, -1);
+    seq[ns++] = gpt2_tensor_index(cfg, GPT2_WTE, -1);
     for (li = 0; li < ns; li++) {
         GPT2Tensor* t = &m->tensors[seq[li]];
         t->layout_index = li;
@@ -286,7 +337,7 @@ void gpt2_init_random(GPT2* m, uint64_t seed) {
     /* The streams are independent, so the tensors are generated in parallel,
      * a group of (threads) tensors at a time (host memory: one group), and
      * copied to the device in order: the values do not depend on the thread
-     * count. (Billions of parameters took minutes one value at a time.) */
+     * count. (One value at a time, billions of parameters take minutes.) */
     int group = 1;
 #ifdef _OPENMP
     group = omp_get_max_threads();
@@ -309,7 +360,8 @@ void gpt2_init_random(GPT2* m, uint64_t seed) {
 void gpt2_load(GPT2* m, const char* path) {
     GPT2Config fc;
     int version;
-    gpt2_read_header(path, &fc, &version);
+    FILE* f = xfopen(path, "rb");
+    read_header_from(f, path, &fc, &version);
     const GPT2Config* c = &m->cfg;
     if (fc.max_seq_len != c->max_seq_len || fc.vocab_size != c->vocab_size ||
         fc.padded_vocab_size != c->padded_vocab_size || fc.num_layers != c->num_layers ||
@@ -318,8 +370,6 @@ void gpt2_load(GPT2* m, const char* path) {
               "(L %d, NH %d, C %d, maxT %d, V %d)", path, fc.num_layers, fc.num_heads,
               fc.channels, fc.max_seq_len, fc.vocab_size, c->num_layers, c->num_heads,
               c->channels, c->max_seq_len, c->vocab_size);
-    FILE* f = xfopen(path, "rb");
-    fseek(f, 256 * sizeof(int32_t), SEEK_SET);
     for (int i = 0; i < m->ntensors; i++) {
         const GPT2Tensor* t = &m->tensors[i];
         float* w = xmalloc(t->numel * sizeof(float));
@@ -341,21 +391,13 @@ void gpt2_load(GPT2* m, const char* path) {
 }
 
 void gpt2_save(GPT2* m, const char* path, int version) {
-    const GPT2Config* c = &m->cfg;
+    if (version != 3 && version != 5) fatal("internal: gpt2_save: model file version %d (3 or 5)", version);
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) fatal("path too long: %s", path);
     FILE* f = xfopen(tmp, "wb");
-    int32_t h[256];
-    memset(h, 0, sizeof h);
-    h[0] = GPT2_MODEL_MAGIC;
-    h[1] = version;
-    h[2] = c->max_seq_len;
-    h[3] = c->vocab_size;
-    h[4] = c->num_layers;
-    h[5] = c->num_heads;
-    h[6] = c->channels;
-    h[7] = c->padded_vocab_size;
-    xfwrite(h, sizeof(int32_t), 256, f, tmp);
+    int32_t h[GPT2_HEADER_INTS];
+    gpt2_header_encode(&m->cfg, version, h);
+    xfwrite(h, sizeof(int32_t), GPT2_HEADER_INTS, f, tmp);
     for (int i = 0; i < m->ntensors; i++) {
         const GPT2Tensor* t = &m->tensors[i];
         float* w = xmalloc(t->numel * sizeof(float));
@@ -443,15 +485,9 @@ void gpt2_alloc_activations(GPT2* m, int B, int T) {
 static void* X(const GPT2* m, void* base, size_t elems) {
     return (char*)base + elems * dtype_size(m->be->dtype);
 }
-/* index in m->tensors (file order) of tensor (kind, layer) */
-static int tensor_index(const GPT2* m, int kind, int layer) {
-    int L = m->cfg.num_layers;
-    return kind_is_layer(kind) ? 2 + (kind - GPT2_LN1W) * L + layer
-           : kind == GPT2_WTE ? 0 : kind == GPT2_WPE ? 1 : 2 + 12 * L + (kind - GPT2_LNFW);
-}
 /* a parameter tensor inside the flat param buffer */
 static void* P(const GPT2* m, void* buf, int kind, int layer) {
-    return X(m, buf, m->tensors[tensor_index(m, kind, layer)].buf_off);
+    return X(m, buf, gpt2_tensor(m, kind, layer)->buf_off);
 }
 /* where backward accumulates the gradient of layout parameter li */
 static void* GPL(const GPT2* m, int li) {
@@ -464,15 +500,15 @@ static void* GPL(const GPT2* m, int li) {
  * whole tensor except for a chunked wte (and there, the whole tensor too
  * when the gradients are one full buffer: its chunks are contiguous) */
 static void* GP(const GPT2* m, int kind, int layer) {
-    return GPL(m, m->tensors[tensor_index(m, kind, layer)].layout_index);
+    return GPL(m, gpt2_tensor(m, kind, layer)->layout_index);
 }
 /* Tell a hook that the next kernel touches tensors (k1, layer) and, if
  * k2 >= 0, (k2, layer): every layout parameter of them. */
 static void need(const GPT2* m, gpt2_need_fn fn, void* ctx, int layer, int k1, int k2) {
     if (!fn) return;
     int fixed[8];
-    const GPT2Tensor* t1 = &m->tensors[tensor_index(m, k1, layer)];
-    const GPT2Tensor* t2 = k2 >= 0 ? &m->tensors[tensor_index(m, k2, layer)] : NULL;
+    const GPT2Tensor* t1 = gpt2_tensor(m, k1, layer);
+    const GPT2Tensor* t2 = k2 >= 0 ? gpt2_tensor(m, k2, layer) : NULL;
     int n = t1->nchunks + (t2 ? t2->nchunks : 0);
     int* li = n <= 8 ? fixed : xmalloc(sizeof(int) * (size_t)n);
     int k = 0;
@@ -582,9 +618,7 @@ float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T,
 
 static void mark_layer(GPT2* m, int layer, gpt2_ready_fn ready, void* ctx) {
     if (!ready) return;
-    int L = m->cfg.num_layers;
-    for (int k = GPT2_LN1W; k <= GPT2_FCPROJB; k++)
-        ready(ctx, m->tensors[2 + (k - GPT2_LN1W) * L + layer].layout_index);
+    for (int k = GPT2_LN1W; k <= GPT2_FCPROJB; k++) ready(ctx, gpt2_tensor(m, k, layer)->layout_index);
 }
 
 void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx) {
@@ -597,7 +631,7 @@ void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx) {
     int L = c->num_layers, NH = c->num_heads;
     void* W = m->params;
 
-    /* classifier: logits now hold dlogits. Only dX here; the lm head's dW
+    /* classifier: forward left dlogits in logits. Only dX here; the lm head's dW
      * (into wte's gradient) waits for the end of backward, where the
      * encoder's rows are added too. Nothing below overwrites logits or lnf
      * (backward's scratch is dres/dbtc/dqkv/dfch; recompute rewrites only
@@ -610,8 +644,8 @@ void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx) {
                            X(m, a.res3, (size_t)(L - 1) * BTa * C), P(m, W, GPT2_LNFW, -1),
                            a.lnf_mean, a.lnf_rstd, (int)BT, (int)C);
     if (ready) {
-        ready(ctx, m->tensors[2 + 12 * L].layout_index);
-        ready(ctx, m->tensors[2 + 12 * L + 1].layout_index);
+        ready(ctx, gpt2_tensor(m, GPT2_LNFW, -1)->layout_index);
+        ready(ctx, gpt2_tensor(m, GPT2_LNFB, -1)->layout_index);
     }
     for (int l = L - 1; l >= 0; l--) {
         LayerActs la;
@@ -636,7 +670,7 @@ void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx) {
         be->layernorm_backward(be, a.dres, GP(m, GPT2_LN2W, l), GP(m, GPT2_LN2B, l), a.dbtc,
                                res2, P(m, W, GPT2_LN2W, l), a.ln2_mean + (size_t)l * BTa,
                                a.ln2_rstd + (size_t)l * BTa, (int)BT, (int)C);
-        /* attention: dres is now the gradient of res2 (= res_in + attproj) */
+        /* attention: from here dres is the gradient of res2 (= res_in + attproj) */
         NEED_G(l, GPT2_ATTPROJW, GPT2_ATTPROJB);
         be->matmul_backward(be, a.dbtc, GP(m, GPT2_ATTPROJW, l), GP(m, GPT2_ATTPROJB, l),
                             a.dres, atty, P(m, W, GPT2_ATTPROJW, l), NULL, (int)BT, (int)C, (int)C);
@@ -655,8 +689,8 @@ void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx) {
     }
     /* embeddings: wte's gradient = the lm head's dW (the GEMM, first) + the
      * encoder's token rows; wpe's = the encoder's position rows */
-    const GPT2Tensor* te = &m->tensors[tensor_index(m, GPT2_WTE, -1)];
-    const GPT2Tensor* tp = &m->tensors[tensor_index(m, GPT2_WPE, -1)];
+    const GPT2Tensor* te = gpt2_tensor(m, GPT2_WTE, -1);
+    const GPT2Tensor* tp = gpt2_tensor(m, GPT2_WPE, -1);
     const int Vp = c->padded_vocab_size;
     if (!m->shard_grads) {
         /* one full gradient buffer (zero_stage 0, 1): wte's chunks are one

@@ -1,6 +1,18 @@
 /* model/gpt2.h — GPT-2 itself: configuration, parameter tensors, weight
  * init, llm.c model files, forward and backward over the kernel interface.
  *
+ * A model goes through these calls, in this order (tools and tests that only
+ * read files stop after the first):
+ *   gpt2_describe        tensors and layout specs (no backend, no buffers)
+ *   layout_build         the caller's layout from those specs (ddp/layout.h)
+ *   gpt2_bind            backend, layout, flat param (and grad) buffers
+ *   gpt2_init_random or gpt2_load       parameter values
+ *   gpt2_alloc_activations              the activation block for (B, T)
+ *   gpt2_forward [gpt2_backward], ...   one micro-step each
+ *   gpt2_free
+ * The model-file header codec, gpt2_num_parameters, gpt2_read_header and
+ * gpt2_tensor_index need no model.
+ *
  * The model owns no parameter storage layout of its own: its tensors are
  * views into the flat param/grad buffers whose layout (ddp/layout.h) the
  * caller builds from gpt2_describe()'s specs.
@@ -12,11 +24,12 @@
  * Backward computes the lm head's weight gradient at the end, next to the
  * encoder's, so that under ZeRO-2 each chunk's gradient is written, and
  * reduced, one chunk after the other instead of living through the whole
- * backward (issue 8, docs/ZERO.md). */
+ * backward (docs/ZERO.md). */
 #ifndef MODEL_GPT2_H
 #define MODEL_GPT2_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include "../kernels/kernels.h"
 #include "../ddp/layout.h"
 
@@ -59,15 +72,18 @@ typedef void (*gpt2_ready_fn)(void* ctx, int layout_index);
  * working buffer here). A hook may be called again for tensors it has seen. */
 typedef void (*gpt2_need_fn)(void* ctx, const int* layout_indices, int n);
 
+/* A model. The caller zeroes it before gpt2_describe and sets the fields marked "set before"
+ * itself. The model owns tensors, layout_to_tensor, grad_ptr, the flat buffers and the
+ * activations (gpt2_free releases them); be and layout are borrowed and must outlive it. */
 typedef struct {
     GPT2Config cfg;
-    Backend* be;
+    Backend* be;            /* borrowed, set by gpt2_bind */
     int ntensors;           /* 12 L + 4 */
     GPT2Tensor* tensors;    /* in llm.c file order */
     int* layout_to_tensor;  /* layout index -> tensor index (gpt2_describe: one entry per
                              * spec; gpt2_bind: one per layout parameter, nlayout) */
     size_t num_parameters;  /* sum of numel (padded vocab rows included) */
-    const Layout* layout;
+    const Layout* layout;   /* borrowed, set by gpt2_bind (gpt2_free reads its total) */
     void* params;           /* flat buffers, layout->total elements of be->dtype */
     void* grads;            /* NULL when shard_grads */
     int shard_grads;        /* set before gpt2_bind: allocate no full-size gradient buffer
@@ -96,30 +112,64 @@ typedef struct {
 /* Preset "dN": N layers, 64*N channels, N heads, maxT 1024 (d12 = GPT-2
  * 124M). Returns 0, or -1 if name is not a preset. */
 int gpt2_preset(const char* name, GPT2Config* cfg);
-/* Reads the config from an llm.c model file's header (fatal on a bad file). */
+
+/* llm.c model files: a header of GPT2_HEADER_INTS int32 (magic, version, maxT, V, L, NH, C, Vp, then
+ * zeros), then every parameter tensor in file order, fp32 (version 3) or bf16 (version 5), padded
+ * vocabulary rows included. The header is read and written as host int32 (this code runs on
+ * little-endian hosts only). */
+#define GPT2_MODEL_MAGIC 20240326
+#define GPT2_HEADER_INTS 256
+/* Decodes and checks an llm.c model-file header (256 little-endian int32): magic, version 3 (fp32)
+ * or 5 (bf16), a sane shape (the checks gpt2_read_header makes). Returns 0, or -1 with a
+ * one-line reason in err (errlen bytes) that does not name a file (the caller prefixes it).
+ * On -1, cfg and version are left as they were. A sane shape bounds the parameter count, so the
+ * file size it describes fits in a long long. */
+int gpt2_header_decode(const int32_t h[GPT2_HEADER_INTS], GPT2Config* cfg, int* version, char* err, size_t errlen);
+/* The header of a model file of this shape and version (3 or 5); other slots 0. */
+void gpt2_header_encode(const GPT2Config* cfg, int version, int32_t h[GPT2_HEADER_INTS]);
+/* Parameter count of the model of this shape (padded vocab rows included), with no model built. */
+size_t gpt2_num_parameters(const GPT2Config* cfg);
+/* Reads the config from an llm.c model file's header: fatal, naming the file, when the file is
+ * shorter than the header, when gpt2_header_decode refuses the header, or when the file's size is
+ * not the header plus the parameters it describes. */
 void gpt2_read_header(const char* path, GPT2Config* cfg, int* file_dtype_version);
+/* The position of tensor (kind, layer) in llm.c's file order, which is its index in m->tensors:
+ * the one place that knows that order (wte, wpe, each layer kind for layers 0..L-1, lnfw, lnfb).
+ * layer is 0..L-1 for the layer kinds (GPT2_LN1W..GPT2_FCPROJB) and -1 for the others; any other
+ * combination is fatal (internal). */
+int gpt2_tensor_index(const GPT2Config* cfg, int kind, int layer);
+/* &m->tensors[gpt2_tensor_index(&m->cfg, kind, layer)]; m described (gpt2_describe). */
+GPT2Tensor* gpt2_tensor(const GPT2* m, int kind, int layer);
 /* The model's tensors (sets m->cfg, m->tensors, m->num_parameters) and the
  * layout specs in backward-finish order, with *n = ntensors (wte's spec has
- * row_len = C: the layout may cut it into row chunks). Caller frees. */
+ * row_len = C: the layout may cut it into row chunks). m zeroed; cfg checked
+ * (a decoded header or a preset). The caller frees the specs, whose names
+ * point into m->tensors; gpt2_free frees what this allocates in m (a model
+ * only described can be freed with it too). */
 LayoutParamSpec* gpt2_describe(GPT2* m, const GPT2Config* cfg, int* n);
 /* Binds the model to a backend and a layout built from gpt2_describe's specs
  * (maps its parameters, row chunks included, to the tensors); allocates the
  * flat buffers (zeroed, so padding is 0): params, and grads unless
- * m->shard_grads. */
+ * m->shard_grads. Once, after gpt2_describe; fatal (internal) when the layout
+ * does not come from the model's specs. */
 void gpt2_bind(GPT2* m, Backend* be, const Layout* L);
 /* GPT-2 init (normal 0.02, residual projections 0.02/sqrt(2L), biases 0,
- * layernorm weights 1; padded vocab rows 0), from seed; layout independent. */
+ * layernorm weights 1; padded vocab rows 0), from seed, after gpt2_bind. Each
+ * tensor has its own stream, so the values depend on neither the layout nor
+ * the thread count. */
 void gpt2_init_random(GPT2* m, uint64_t seed);
-/* llm.c model files. load: fatal on a bad file or a shape that differs from
- * m->cfg. save: version 3 (fp32) or 5 (bf16), written to path.tmp, then
- * renamed. */
+/* llm.c model files, after gpt2_bind. load: fatal on a bad file (gpt2_read_header's checks), a
+ * shape that differs from m->cfg or a non-finite value. save: version 3 (fp32) or 5 (bf16),
+ * written to path.tmp, then renamed over path. */
 void gpt2_load(GPT2* m, const char* path);
 void gpt2_save(GPT2* m, const char* path, int version);
-/* Parameters as fp32 in llm.c file order (host array of num_parameters). */
+/* Parameters as fp32 in llm.c file order (host array of num_parameters), after gpt2_bind. */
 void gpt2_params_to_host(GPT2* m, float* out);
 void gpt2_grads_to_host(GPT2* m, float* out);   /* fatal when shard_grads */
 void gpt2_params_from_host(GPT2* m, const float* in);
 
+/* The activations for batches of up to B x T tokens (m->recompute set before), after gpt2_bind;
+ * once per model. */
 void gpt2_alloc_activations(GPT2* m, int B, int T);
 /* Forward over inputs[B*T] (host ids). With targets (host ids), returns the
  * mean loss; if also dloss != 0 the logits are replaced by their gradient
@@ -141,10 +191,13 @@ float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T,
  * GEMM's terms and then the encoder's, in the same order. */
 void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx);
 /* Logits of position (b, t) of the last forward, first V columns, as fp32 on
- * the host (out has V floats). */
+ * the host (out has V floats). Only after a forward with dloss = 0 (with
+ * dloss != 0 the logits hold their gradient). */
 void gpt2_logits_row(GPT2* m, int b, int t, float* out);
 /* Training FLOPs per token: 6 * (params in matmuls) + 12 * L * C * T. */
 double gpt2_flops_per_token(const GPT2* m, int T);
+/* Releases what the model owns, at whatever point of its life it is (described, bound, with
+ * activations), and zeroes m. The backend and the layout stay the caller's. */
 void gpt2_free(GPT2* m);
 
 #endif

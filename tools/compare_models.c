@@ -16,14 +16,10 @@
 static float* read_all(const char* path, GPT2Config* c, size_t* n) {
     int version;
     gpt2_read_header(path, c, &version);
-    GPT2 m;
-    memset(&m, 0, sizeof m);
-    int ns;
-    free(gpt2_describe(&m, c, &ns));
-    *n = m.num_parameters;
+    *n = gpt2_num_parameters(c);
     float* w = xmalloc(*n * sizeof(float));
     FILE* f = xfopen(path, "rb");
-    fseek(f, 1024, SEEK_SET);
+    fseek(f, GPT2_HEADER_INTS * sizeof(int32_t), SEEK_SET);
     if (version == 3) {
         xfread(w, 4, *n, f, path);
     } else {
@@ -33,8 +29,6 @@ static float* read_all(const char* path, GPT2Config* c, size_t* n) {
         free(h);
     }
     fclose(f);
-    free(m.tensors);
-    free(m.layout_to_tensor);
     return w;
 }
 
