@@ -306,9 +306,9 @@ int ckpt_verify(const char* path, const GPT2Config* cfg, size_t P, CkptHeader* h
     }
     /* model.bin: llm.c header, fp32, the run's shape */
     snprintf(f, sizeof f, "%s/model.bin", path);
-    unsigned char mh[1024];
+    unsigned char mh[GPT2_HEADER_INTS * 4];
     if (ckpt_read_head(f, mh, sizeof mh) != 0) {
-        ckpt_errf(err, errlen, "%s: shorter than the 1024-byte llm.c header", f);
+        ckpt_errf(err, errlen, "%s: shorter than the %zu-byte llm.c header", f, sizeof mh);
         return -1;
     }
     if (ckpt_model_header_check(mh, cfg, e2, sizeof e2) != 0) {

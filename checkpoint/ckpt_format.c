@@ -170,16 +170,6 @@ void ckpt_header_encode(const CkptHeader* h, unsigned char out[CKPT_HEADER_BYTES
         ckpt_put(out, ckpt_fields[i].slot, ckpt_field_bits(&ckpt_fields[i], h));
 }
 
-static size_t ckpt_num_parameters(const GPT2Config* cfg) {
-    GPT2 tmp;
-    memset(&tmp, 0, sizeof tmp);
-    int n;
-    free(gpt2_describe(&tmp, cfg, &n));
-    free(tmp.tensors);
-    free(tmp.layout_to_tensor);
-    return tmp.num_parameters;
-}
-
 int ckpt_header_decode(const unsigned char* in, size_t n, CkptHeader* h, char* err, size_t errlen) {
     memset(h, 0, sizeof *h);
     if (n < CKPT_HEADER_BYTES) {
@@ -212,7 +202,7 @@ int ckpt_header_decode(const unsigned char* in, size_t n, CkptHeader* h, char* e
     for (int i = 0; i < ckpt_nfields; i++)
         if (ckpt_fields[i].role != CKPT_SHAPE)
             bad |= ckpt_field_set(&ckpt_fields[i], h, ckpt_get(in, ckpt_fields[i].slot));
-    size_t count = ckpt_num_parameters(c);
+    size_t count = gpt2_num_parameters(c);
     if (h->num_parameters != count) {
         ckpt_errf(err, errlen, "header says %llu parameters, but its model shape has %zu",
                   (unsigned long long)h->num_parameters, count);
@@ -279,23 +269,20 @@ int ckpt_shape_check(const GPT2Config* saved, const GPT2Config* run, char* err, 
     return 0;
 }
 
-static int32_t ckpt_le32s(const unsigned char* p) {
-    return (int32_t)((uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24));
-}
-
 int ckpt_model_header_check(const unsigned char* buf, const GPT2Config* run, char* err, size_t errlen) {
-    int32_t hv[8];
-    for (int i = 0; i < 8; i++) hv[i] = ckpt_le32s(buf + 4 * i);
-    if (hv[0] != 20240326 || hv[1] != 3) {
-        ckpt_errf(err, errlen, "not an fp32 llm.c model file (magic %d, version %d)", hv[0], hv[1]);
+    int32_t h[GPT2_HEADER_INTS];
+    memcpy(h, buf, sizeof h);   /* little-endian host */
+    if (h[0] != GPT2_MODEL_MAGIC || h[1] != 3) {   /* a checkpoint's model.bin is fp32 */
+        ckpt_errf(err, errlen, "not an fp32 llm.c model file (magic %d, version %d)", h[0], h[1]);
         return -1;
     }
-    GPT2Config saved = {.max_seq_len = hv[2], .vocab_size = hv[3], .num_layers = hv[4], .num_heads = hv[5],
-                        .channels = hv[6], .padded_vocab_size = hv[7]};
+    GPT2Config saved;
+    int version;
+    if (gpt2_header_decode(h, &saved, &version, err, errlen) != 0) return -1;
     return ckpt_shape_check(&saved, run, err, errlen);
 }
 
-long long ckpt_model_bytes(size_t P) { return 1024 + 4 * (long long)P; }
+long long ckpt_model_bytes(size_t P) { return GPT2_HEADER_INTS * 4 + 4 * (long long)P; }
 long long ckpt_state_bytes(size_t P) { return CKPT_HEADER_BYTES + 12 * (long long)P; }
 long long ckpt_state_offset(size_t P, int array, size_t canon) {
     return CKPT_HEADER_BYTES + 4LL * ((long long)array * (long long)P + (long long)canon);

@@ -155,11 +155,13 @@ int ckpt_header_check_resume(const CkptHeader* h, const CkptHparams* now, char* 
 /* 0 if the SHAPE fields of `saved` (a checkpoint's) equal those of `run`;
  * else -1 with "the checkpoint's model shape (...) differs from the run's (...)". */
 int ckpt_shape_check(const GPT2Config* saved, const GPT2Config* run, char* err, size_t errlen);
-/* model.bin's first 1024 bytes: 0 if they are the header of an fp32 llm.c
- * model file of the shape run, else -1 + err. */
+/* model.bin's first GPT2_HEADER_INTS * 4 bytes: 0 if they are the header of
+ * an fp32 llm.c model file (gpt2_header_decode, version 3) of the shape run,
+ * else -1 + err. */
 int ckpt_model_header_check(const unsigned char* buf, const GPT2Config* run, char* err, size_t errlen);
 
-/* Sizes and offsets of the files of a model of P parameters. */
+/* Sizes and offsets of the files of a model of P parameters (model.bin: the
+ * llm.c header and P fp32 values). */
 long long ckpt_model_bytes(size_t P);
 long long ckpt_state_bytes(size_t P);
 long long ckpt_state_offset(size_t P, int array, size_t canon);
