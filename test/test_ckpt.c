@@ -492,14 +492,12 @@ static void write_done(const char* dir) {
 static void make_ckpt(const char* dir, const GPT2Config* cfg, size_t P) {
     mkdir(dir, 0755);
     char p[512];
-    int32_t mh[256];
-    memset(mh, 0, sizeof mh);
-    mh[0] = 20240326; mh[1] = 3; mh[2] = cfg->max_seq_len; mh[3] = cfg->vocab_size;
-    mh[4] = cfg->num_layers; mh[5] = cfg->num_heads; mh[6] = cfg->channels; mh[7] = cfg->padded_vocab_size;
-    unsigned char* model = xcalloc(1024 + 4 * P, 1);
+    int32_t mh[GPT2_HEADER_INTS];
+    gpt2_header_encode(cfg, 3, mh);
+    unsigned char* model = xcalloc(sizeof mh + 4 * P, 1);
     memcpy(model, mh, sizeof mh);
     snprintf(p, sizeof p, "%s/model.bin", dir);
-    write_file(p, model, 1024 + 4 * P);
+    write_file(p, model, sizeof mh + 4 * P);
     free(model);
     unsigned char* state = xcalloc(CKPT_HEADER_BYTES + 12 * P, 1);
     CkptHeader h = sample_header(cfg, P);
@@ -556,6 +554,16 @@ static void test_verify(void) {
     snprintf(p, sizeof p, "%s/DONE", dir);
     write_file(p, "gpt2-checkpoint v1\nstep 17\n", 27);
     verify_fails(dir, &cfg, P, "malformed", "a damaged DONE");
+    /* a bf16 model.bin (version 5) with a DONE that matches it */
+    make_ckpt(dir, &cfg, P);
+    snprintf(p, sizeof p, "%s/model.bin", dir);
+    f = xfopen(p, "r+b");
+    fseek(f, 4, SEEK_SET);
+    int32_t five = 5;
+    xfwrite(&five, 4, 1, f, p);
+    fclose(f);
+    write_done(dir);
+    verify_fails(dir, &cfg, P, "not an fp32 llm.c model file (magic 20240326, version 5)", "a bf16 model.bin");
     /* another shape: the files are intact but describe a wider model */
     GPT2Config wide = cfg;
     wide.channels = 16;
