@@ -36,6 +36,9 @@ void ckpt_errf(char* err, size_t errlen, const char* fmt, ...) {
 #define FIELD(slot, member, name, lo, hi, role, mismatch) \
     {slot, name, CKPT_TYPE_OF(member), offsetof(CkptHeader, member), lo, hi, CKPT_##role, mismatch}
 
+/* In the order of the resume checks and of the printed changes; the slots are
+ * explicit. Constraints between fields are code in ckpt_header_decode and
+ * ckpt_header_check_resume. */
 const CkptField ckpt_fields[] = {
     /*   slot  member                  name                          lo    hi           role */
     FIELD(3,  num_parameters,          "num_parameters",             0,    CKPT_NO_MAX, DERIVED, NULL),
