@@ -100,8 +100,8 @@ static float ckpt_bitsf(uint64_t v) {
 uint64_t ckpt_field_bits(const CkptField* f, const CkptHeader* h) {
     const void* p = ckpt_member(f, h);
     switch (f->type) {
-    case CKPT_I32: return (uint64_t)(int64_t) * (const int*)p;
-    case CKPT_I64: return (uint64_t)(int64_t) * (const long long*)p;
+    case CKPT_I32: return (uint64_t)(int64_t)*(const int*)p;
+    case CKPT_I64: return (uint64_t)(int64_t)*(const long long*)p;
     case CKPT_U64: return *(const uint64_t*)p;
     case CKPT_F32: return ckpt_fbits(*(const float*)p);
     }

@@ -20,9 +20,10 @@
  * field table ckpt_fields (ckpt_format.c), the one definition of the header:
  * its slot, name, C type (taken from the CkptHeader member), decode range and
  * role on resume. Unused slots are zero. Signed values are stored as int64
- * two's complement, floats as their IEEE bits in the low 32 bits. Each array
- * is in llm.c's file order (tensor by tensor, the order of model.bin), with
- * no padding: element e of a tensor that starts at file_off lies at byte
+ * two's complement, floats as their IEEE bits in the low 32 bits (the upper
+ * half is written as zero and ignored when read). Each array is in llm.c's
+ * file order (tensor by tensor, the order of model.bin), with no padding:
+ * element e of a tensor that starts at file_off lies at byte
  * ckpt_state_offset(P, a, file_off + e) = 1024 + 4 * (a * P + file_off + e)
  * for array a (0 master, 1 m, 2 v). Nothing in the file depends on the world
  * size, the bucket size or the zero_stage.
@@ -30,7 +31,8 @@
  * Adding a header field: a member in CkptHeader (a run setting: in
  * CkptHparams) and one row in ckpt_fields. Encoding, decoding with its range
  * check, the resume check or the printed change, and the unit test's per-field
- * checks all follow from the row; the trainer fills the value. */
+ * checks all follow from the row; the trainer fills the value. A constraint
+ * between fields is code (ckpt_header_decode, ckpt_header_check_resume). */
 #ifndef CHECKPOINT_CKPT_FORMAT_H
 #define CHECKPOINT_CKPT_FORMAT_H
 
