@@ -1,8 +1,14 @@
-/* test/test_ckpt.c — unit tests of checkpoint/checkpoint.c, no MPI:
+/* test/test_ckpt.c — unit tests of checkpoint/ (ckpt_format.c, ckpt_file.c,
+ * checkpoint.c's log trim), no MPI:
  *  - CRC-32: the standard check value, and a bit-by-bit reference over
  *    random data in random chunks;
- *  - state.bin header: encode -> decode round trip, rejection of corrupt
- *    fields; DONE: the exact format and rejection of near misses;
+ *  - state.bin header: encode -> decode round trip, the encoding against the
+ *    format's bytes written out by hand, rejection of corrupt fields; DONE:
+ *    the exact format, format -> parse round trip, rejection of near misses;
+ *  - the header's field table: slots in range and unique, each role's
+ *    member where it must be; every field with a bounded range refuses the
+ *    values just outside it; every must-match setting fails the resume check
+ *    with its message when it differs, every may-change setting is printed;
  *  - canonical order: for world sizes 1..6, zero_stage 0 and 1, one bucket
  *    and many tiny buckets, every rank writes its owned ranges into one file
  *    (as the trainer does); the file must equal a reference built
@@ -94,6 +100,38 @@ static size_t num_params(const GPT2Config* cfg) {
     return m.num_parameters;
 }
 
+/* The on-disk bytes of sample_header, slot by slot, written out here by hand
+ * from the format (docs/CHECKPOINTS.md): signed values as int64 two's
+ * complement, floats as their IEEE bits in the low 32 bits, slots 33..127 zero. */
+static void test_header_bytes(void) {
+    GPT2Config cfg = tiny_cfg();
+    size_t P = num_params(&cfg);
+    CkptHeader h = sample_header(&cfg, P);
+    const float fl[7] = {3e-4f, 0.1f, 0.1f, 0.9f, 0.95f, 1e-8f, 1.0f};
+    uint64_t slots[128] = {
+        20261203, 1, 1024, P,                        /* magic, version, header bytes, P */
+        17, 1234567890123ull, 15, 2,                 /* step, next row, AdamW t, bad streak */
+        16, 60, 64, 2, 2, 8,                         /* maxT, V, padded V, L, NH, C */
+        16, (uint64_t)(int64_t)-42, 1, 999,          /* T, seed, shuffle, training rows */
+        1ull << 40, 3, 5, 1, 100, 2, 7,              /* total batch, B, world, zero, iters, schedule, warmup */
+    };
+    for (int i = 0; i < 7; i++) {
+        uint32_t u;
+        memcpy(&u, &fl[i], 4);
+        slots[25 + i] = u;
+    }
+    slots[32] = 1;                                   /* dtype */
+    unsigned char want[CKPT_HEADER_BYTES], got[CKPT_HEADER_BYTES];
+    for (int s = 0; s < 128; s++)
+        for (int b = 0; b < 8; b++) want[s * 8 + b] = (unsigned char)(slots[s] >> (8 * b));
+    ckpt_header_encode(&h, got);
+    int first = -1;
+    for (int i = 0; i < CKPT_HEADER_BYTES && first < 0; i++)
+        if (got[i] != want[i]) first = i;
+    CHECK(first < 0, "header bytes differ from the format first in slot %d", first / 8);
+    printf("header: the encoding equals the format's bytes, slot by slot\n");
+}
+
 static void test_header(void) {
     GPT2Config cfg = tiny_cfg();
     size_t P = num_params(&cfg);
@@ -133,6 +171,9 @@ static void test_header(void) {
     rc = ckpt_done_parse(good, strlen(good), &dn, err, sizeof err);
     CHECK(rc == 0 && dn.step == 12 && dn.model_bytes == 6545920 && dn.model_crc == 0x58724e6eu &&
               dn.state_bytes == 19635712 && dn.state_crc == 0xad0793a6u, "DONE: parse of a good marker (%s)", err);
+    char again[256];
+    int len = ckpt_done_format(&dn, again, sizeof again);
+    CHECK(len == (int)strlen(good) && strcmp(again, good) == 0, "DONE: format of the parsed marker: '%s'", again);
     const char* near[] = {
         "gpt2-checkpoint v1\nstep 12\nmodel.bin 6545920 crc32 58724e6e\nstate.bin 19635712 crc32 ad0793a6",
         "gpt2-checkpoint v1\nstep 12\nmodel.bin 6545920 crc32 58724e6e\nstate.bin 19635712 crc32 ad0793a6\n\n",
@@ -146,7 +187,125 @@ static void test_header(void) {
     int nn = (int)(sizeof near / sizeof near[0]);
     for (int i = 0; i < nn; i++)
         CHECK(ckpt_done_parse(near[i], strlen(near[i]), &dn, err, sizeof err) != 0, "DONE near miss %d accepted", i);
-    printf("DONE: good marker parsed, %d near misses refused\n", nn);
+    printf("DONE: good marker parsed and formatted back, %d near misses refused\n", nn);
+}
+
+/* ---- the header's field table ---- */
+
+/* Changes a field's value in h (to another value of its type). */
+static void bump(const CkptField* f, CkptHeader* h) {
+    void* p = (char*)h + f->off;
+    switch (f->type) {
+    case CKPT_I32: *(int*)p += 1; break;
+    case CKPT_I64: *(long long*)p += 1; break;
+    case CKPT_U64: *(uint64_t*)p += 1; break;
+    case CKPT_F32: *(float*)p = 2.0f * *(float*)p + 1.0f; break;
+    }
+}
+
+static int inside(size_t off, size_t base, size_t size) { return off >= base && off < base + size; }
+
+static void test_fields(void) {
+    GPT2Config cfg = tiny_cfg();
+    size_t P = num_params(&cfg);
+    CkptHeader h = sample_header(&cfg, P), d;
+    unsigned char buf[CKPT_HEADER_BYTES], bad[CKPT_HEADER_BYTES];
+    char err[512], notes[4096];
+    ckpt_header_encode(&h, buf);
+    /* the table itself */
+    int used[CKPT_HEADER_SLOTS] = {0}, table_ok = 1;
+    for (int i = 0; i < ckpt_nfields; i++) {
+        const CkptField* f = &ckpt_fields[i];
+        int ok = f->slot >= CKPT_FIRST_FIELD_SLOT && f->slot < CKPT_HEADER_SLOTS && !used[f->slot]++;
+        if (f->role == CKPT_SHAPE) ok &= inside(f->off, offsetof(CkptHeader, cfg), sizeof(GPT2Config));
+        if (f->role == CKPT_MUST_MATCH || f->role == CKPT_MAY_CHANGE)
+            ok &= inside(f->off, offsetof(CkptHeader, hp), sizeof(CkptHparams));
+        if (f->role == CKPT_MUST_MATCH) {   /* two %s, no other conversion */
+            int conv = 0, strs = 0;
+            for (const char* c = f->mismatch ? f->mismatch : ""; *c; c++)
+                if (*c == '%') { conv++; strs += c[1] == 's'; c++; }
+            ok &= f->mismatch && conv == 2 && strs == 2;
+        } else {
+            ok &= f->mismatch == NULL;
+        }
+        CHECK(ok, "field table: row %d (%s, slot %d) breaks the table's rules", i, f->name, f->slot);
+        table_ok &= ok;
+        /* the slot holds the member's value */
+        uint64_t v = 0;
+        for (int b = 0; b < 8; b++) v |= (uint64_t)buf[f->slot * 8 + b] << (8 * b);
+        CHECK(v == ckpt_field_bits(f, &h), "field %s: slot %d does not hold its value", f->name, f->slot);
+    }
+    /* ranges: the values just outside each bounded range are refused */
+    int refused = 0, probes = 0;
+    for (int i = 0; i < ckpt_nfields; i++) {
+        const CkptField* f = &ckpt_fields[i];
+        uint64_t outside[3];
+        int no = 0;
+        if (f->type == CKPT_F32) {
+            outside[no++] = 0x7fc00000u;   /* NaN */
+            outside[no++] = 0xff800000u;   /* -Inf */
+        } else {
+            long long min = f->type == CKPT_U64 ? 0 : -0x7fffffffffffffffLL - 1;   /* of the slot's type */
+            if (f->lo > min) outside[no++] = (uint64_t)(f->lo - 1);
+            if (f->hi != CKPT_NO_MAX) outside[no++] = (uint64_t)(f->hi + 1);
+        }
+        for (int k = 0; k < no; k++) {
+            memcpy(bad, buf, sizeof buf);
+            for (int b = 0; b < 8; b++) bad[f->slot * 8 + b] = (unsigned char)(outside[k] >> (8 * b));
+            err[0] = '\0';
+            int r = ckpt_header_decode(bad, sizeof bad, &d, err, sizeof err);
+            probes++;
+            refused += r != 0 && err[0];
+            CHECK(r != 0 && err[0], "field %s: the value %lld outside [%lld, %lld] was accepted", f->name,
+                  (long long)outside[k], f->lo, f->hi);
+        }
+    }
+    /* resume: every must-match setting refuses a change, every may-change one prints it */
+    CkptHparams now = h.hp;
+    int rc = ckpt_header_check_resume(&h, &now, notes, sizeof notes, err, sizeof err);
+    CHECK(rc == 0 && notes[0] == '\0', "resume with the same settings: rc %d, notes '%s'", rc, notes);
+    int matched = 0, noted = 0;
+    for (int i = 0; i < ckpt_nfields; i++) {
+        const CkptField* f = &ckpt_fields[i];
+        if (f->role != CKPT_MUST_MATCH && f->role != CKPT_MAY_CHANGE) continue;
+        CkptHeader run = h;
+        bump(f, &run);
+        char want[256], a[64], b[64];
+        ckpt_field_str(f, &run, a, sizeof a);
+        ckpt_field_str(f, &h, b, sizeof b);
+        err[0] = notes[0] = '\0';
+        rc = ckpt_header_check_resume(&h, &run.hp, notes, sizeof notes, err, sizeof err);
+        if (f->role == CKPT_MUST_MATCH) {
+            snprintf(want, sizeof want, f->mismatch, a, b);
+            matched += rc != 0 && strcmp(err, want) == 0;
+            CHECK(rc != 0 && strcmp(err, want) == 0, "must-match %s: rc %d, '%s'", f->name, rc, err);
+        } else {
+            snprintf(want, sizeof want, "resume: %s changes from %s (checkpoint) to %s\n", f->name, b, a);
+            noted += rc == 0 && strcmp(notes, want) == 0;
+            CHECK(rc == 0 && strcmp(notes, want) == 0, "may-change %s: rc %d, notes '%s'", f->name, rc, notes);
+        }
+    }
+    /* two of them against text written out here */
+    now = h.hp;
+    now.seed = -41;
+    rc = ckpt_header_check_resume(&h, &now, notes, sizeof notes, err, sizeof err);
+    CHECK(rc != 0 && strcmp(err, "--seed -41 differs from the checkpoint's -42 (the data order and the rounding "
+                             "depend on it)") == 0, "seed mismatch: '%s'", err);
+    now = h.hp;
+    now.world = 2;
+    now.learning_rate = 6e-4f;
+    rc = ckpt_header_check_resume(&h, &now, notes, sizeof notes, err, sizeof err);
+    CHECK(rc == 0 && strcmp(notes, "resume: ranks changes from 5 (checkpoint) to 2\n"
+                                   "resume: --learning_rate changes from 0.0003 (checkpoint) to 0.0006\n") == 0,
+          "notes: '%s'", notes);
+    now = h.hp;
+    now.num_iterations = 16;
+    rc = ckpt_header_check_resume(&h, &now, NULL, 0, err, sizeof err);
+    CHECK(rc != 0 && strstr(err, "--num_iterations 16 is below the checkpoint's step 17"), "num_iterations: '%s'",
+          err);
+    printf("field table: %d fields, slots unique (%s); %d/%d out-of-range values refused; %d must-match settings "
+           "refused, %d may-change settings printed\n", ckpt_nfields, table_ok ? "ok" : "BAD", refused, probes,
+           matched, noted);
 }
 
 /* ---- canonical order across world sizes, stages and bucket sizes ---- */
@@ -333,14 +492,12 @@ static void write_done(const char* dir) {
 static void make_ckpt(const char* dir, const GPT2Config* cfg, size_t P) {
     mkdir(dir, 0755);
     char p[512];
-    int32_t mh[256];
-    memset(mh, 0, sizeof mh);
-    mh[0] = 20240326; mh[1] = 3; mh[2] = cfg->max_seq_len; mh[3] = cfg->vocab_size;
-    mh[4] = cfg->num_layers; mh[5] = cfg->num_heads; mh[6] = cfg->channels; mh[7] = cfg->padded_vocab_size;
-    unsigned char* model = xcalloc(1024 + 4 * P, 1);
+    int32_t mh[GPT2_HEADER_INTS];
+    gpt2_header_encode(cfg, 3, mh);
+    unsigned char* model = xcalloc(sizeof mh + 4 * P, 1);
     memcpy(model, mh, sizeof mh);
     snprintf(p, sizeof p, "%s/model.bin", dir);
-    write_file(p, model, 1024 + 4 * P);
+    write_file(p, model, sizeof mh + 4 * P);
     free(model);
     unsigned char* state = xcalloc(CKPT_HEADER_BYTES + 12 * P, 1);
     CkptHeader h = sample_header(cfg, P);
@@ -397,6 +554,16 @@ static void test_verify(void) {
     snprintf(p, sizeof p, "%s/DONE", dir);
     write_file(p, "gpt2-checkpoint v1\nstep 17\n", 27);
     verify_fails(dir, &cfg, P, "malformed", "a damaged DONE");
+    /* a bf16 model.bin (version 5) with a DONE that matches it */
+    make_ckpt(dir, &cfg, P);
+    snprintf(p, sizeof p, "%s/model.bin", dir);
+    f = xfopen(p, "r+b");
+    fseek(f, 4, SEEK_SET);
+    int32_t five = 5;
+    xfwrite(&five, 4, 1, f, p);
+    fclose(f);
+    write_done(dir);
+    verify_fails(dir, &cfg, P, "not an fp32 llm.c model file (magic 20240326, version 5)", "a bf16 model.bin");
     /* another shape: the files are intact but describe a wider model */
     GPT2Config wide = cfg;
     wide.channels = 16;
@@ -441,6 +608,8 @@ int main(void) {
     if (!mkdtemp(g_dir)) fatal("mkdtemp failed");
     test_crc();
     test_header();
+    test_header_bytes();
+    test_fields();
     test_canonical();
     test_verify();
     test_log_trim();

@@ -1,11 +1,15 @@
 /* tools/fuzz/fuzz_checkpoint.c — fuzz harness of the checkpoint readers
- * (checkpoint/checkpoint.c). The input is the state.bin of a tiny model's
- * checkpoint; it is placed next to a fixed valid model.bin and a DONE that
- * records the input's true size and CRC-32 (and the step its header slot
- * holds), so the fuzzer gets past the checksum into the header checks and
- * the array reader (ckpt_verify, then ckpt_read_state into a CPU
- * optimizer). The same bytes also go to the DONE parser, the header
- * decoder, and the log.jsonl trimmer. */
+ * (checkpoint/ckpt_format.c, ckpt_file.c). The input is the state.bin of a
+ * tiny model's checkpoint; it is placed next to a fixed valid model.bin and a
+ * DONE that records the input's true size and CRC-32 (and the step its
+ * header slot holds), so the fuzzer gets past the checksum into the header
+ * checks and the array reader (ckpt_verify, then ckpt_read_state into a CPU
+ * optimizer). The same bytes also go to the pure parsers: the DONE parser
+ * (a parsed marker must format back to text that parses to the same
+ * values), the header decoder (a decoded header must encode back to bytes
+ * that decode to the same header and hold the same value in every field's
+ * slot, and goes through the resume check), the model.bin header check,
+ * the checkpoint directory name parser, and the log.jsonl trimmer. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,10 +71,42 @@ typedef struct {
 static void parse_body(void* ctx) {
     const ParseCase* c = ctx;
     char err[1024];
-    CkptDone d;
+    CkptDone d, d2;
     CkptHeader h;
-    ckpt_done_parse((const char*)c->data, c->size, &d, err, sizeof err);
-    ckpt_header_decode(c->data, c->size, &h, err, sizeof err);
+    if (ckpt_done_parse((const char*)c->data, c->size, &d, err, sizeof err) == 0) {
+        char text[CKPT_DONE_MAX];
+        int len = ckpt_done_format(&d, text, sizeof text);
+        if (len <= 0 || len >= (int)sizeof text || ckpt_done_parse(text, (size_t)len, &d2, err, sizeof err) != 0 ||
+            memcmp(&d, &d2, sizeof d) != 0)
+            abort();   /* the formatter writes what the parser reads */
+    }
+    if (ckpt_header_decode(c->data, c->size, &h, err, sizeof err) == 0) {
+        unsigned char again[CKPT_HEADER_BYTES];
+        CkptHeader h2;
+        ckpt_header_encode(&h, again);
+        if (ckpt_header_decode(again, sizeof again, &h2, err, sizeof err) != 0 || memcmp(&h, &h2, sizeof h) != 0)
+            abort();   /* the encoder writes what the decoder read */
+        /* and the same slot values, but the upper half of a float's slot, which the decoder ignores */
+        for (int i = 0; i < ckpt_nfields; i++) {
+            int s = ckpt_fields[i].slot, n = ckpt_fields[i].type == CKPT_F32 ? 4 : 8;
+            if (memcmp(again + 8 * s, c->data + 8 * s, (size_t)n) != 0) abort();
+        }
+        CkptHparams now = h.hp;
+        now.seed ^= (int)(c->size & 1);
+        now.world += 1;
+        char notes[4096];
+        ckpt_header_check_resume(&h, &now, notes, sizeof notes, err, sizeof err);
+    }
+    if (c->size >= GPT2_HEADER_INTS * 4) {
+        GPT2Config cfg = tiny_cfg();
+        ckpt_model_header_check(c->data, &cfg, err, sizeof err);
+    }
+    char name[64];
+    size_t n = c->size < sizeof name - 1 ? c->size : sizeof name - 1;
+    memcpy(name, c->data, n);
+    name[n] = '\0';
+    int tmp;
+    ckpt_parse_name(name, &tmp);
     ckpt_log_trim(c->log, 5, err, sizeof err);
 }
 
@@ -80,23 +116,17 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     char path[512];
     if (!dir[0]) {   /* once: the checkpoint directory and its valid model.bin */
         GPT2Config cfg = tiny_cfg();
-        GPT2 m;
-        memset(&m, 0, sizeof m);
-        int ns;
-        free(gpt2_describe(&m, &cfg, &ns));
-        P = m.num_parameters;
-        free(m.tensors);
-        free(m.layout_to_tensor);
+        P = gpt2_num_parameters(&cfg);
         snprintf(dir, sizeof dir, "%s/ckpt", fuzz_temp_dir());
         mkdir(dir, 0755);
-        size_t bytes = 1024 + 4 * P;
+        size_t bytes = (size_t)ckpt_model_bytes(P);
         uint8_t* model = calloc(bytes, 1);
-        int32_t hdr[8] = {20240326, 3, cfg.max_seq_len, cfg.vocab_size, cfg.num_layers, cfg.num_heads,
-                          cfg.channels, cfg.padded_vocab_size};
+        int32_t hdr[GPT2_HEADER_INTS];
+        gpt2_header_encode(&cfg, 3, hdr);
         memcpy(model, hdr, sizeof hdr);
         for (size_t i = 0; i < P; i++) {
             float w = 0.01f * (float)(i % 17);
-            memcpy(model + 1024 + 4 * i, &w, 4);
+            memcpy(model + sizeof hdr + 4 * i, &w, 4);
         }
         fuzz_write_file("ckpt/model.bin", model, bytes, path, sizeof path);
         free(model);
@@ -117,7 +147,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         have_crc = 1;
     }
     int len = snprintf(text, sizeof text, "gpt2-checkpoint v1\nstep %d\nmodel.bin %zu crc32 %08x\nstate.bin %zu crc32 %08x\n",
-                   (int)step, 1024 + 4 * P, model_crc, size, ckpt_crc32(0, data, size));
+                   (int)step, (size_t)ckpt_model_bytes(P), model_crc, size, ckpt_crc32(0, data, size));
     fuzz_write_file("ckpt/DONE", (const uint8_t*)text, (size_t)len, path, sizeof path);
     fuzz_run(read_body, dir);
     char logp[512];
