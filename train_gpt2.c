@@ -307,7 +307,15 @@ static void trainer_build(Trainer* t, int argc, char** argv) {
                       .warmup_iters = a->warmup_iters, .learning_rate = a->learning_rate,
                       .lr_decay_frac = a->learning_rate_decay_frac, .weight_decay = a->weight_decay,
                       .beta1 = a->beta1, .beta2 = a->beta2, .eps = a->eps, .grad_clip = a->grad_clip};
-    ckpt_init(&t->ck, &t->comm, pp, &t->opt, a->output_dir, a->checkpoint_every, a->checkpoints_keep, &hp);
+    CkptChunk* cks = xmalloc(sizeof(CkptChunk) * (size_t)pp->V);
+    for (int v = 0; v < pp->V; v++) {
+        PPChunk* ch = &pp->chunks[v];
+        /* the last stage's wte is the tied copy: the first stage writes it */
+        cks[v] = (CkptChunk){.model = &ch->model, .layout = &ch->layout, .dp_rank = pp->d, .writer = pp->d == 0,
+                             .skip_wte = pp->P > 1 && ch->model.part.has_head};
+    }
+    ckpt_init(&t->ck, &t->comm, cks, pp->V, &t->opt, a->output_dir, a->checkpoint_every, a->checkpoints_keep, &hp);
+    free(cks);
     int resumed = ckpt_start(&t->ck, a->resume, &t->prog);
     runlog_open(&t->log, a->output_dir, t->rank, resumed ? t->prog.step : -1);
 

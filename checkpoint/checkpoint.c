@@ -49,25 +49,118 @@ typedef struct {
 
 /* ------------------------------------------------------------- trainer */
 
-void ckpt_init(Checkpointer* c, Comm* comm, GPT2* model, const Layout* L, Optimizer* opt,
-               const char* dir, int every, int keep, const CkptHparams* hp) {
+/* dst[*n ..] += src[0 .. k), growing dst; frees src. */
+static CkptSpan* spans_append(CkptSpan* dst, int* n, CkptSpan* src, int k) {
+    CkptSpan* out = realloc(dst, sizeof(CkptSpan) * (size_t)(*n + k + 1));
+    if (!out) fatal("out of host memory (checkpoint spans)");
+    if (k) memcpy(out + *n, src, sizeof(CkptSpan) * (size_t)k);
+    *n += k;
+    free(src);
+    return out;
+}
+
+void ckpt_init(Checkpointer* c, Comm* comm, const CkptChunk* chunks, int nchunks, Optimizer* opt, const char* dir,
+               int every, int keep, const CkptHparams* hp) {
     memset(c, 0, sizeof *c);
+    if (nchunks != opt->nbufs) fatal("internal: ckpt_init: %d chunks for %d optimizer buffers", nchunks, opt->nbufs);
     c->comm = comm;
-    c->model = model;
+    c->nchunks = nchunks;
+    c->chunks = xmalloc(sizeof(CkptChunk) * (size_t)nchunks);
+    memcpy(c->chunks, chunks, sizeof(CkptChunk) * (size_t)nchunks);
+    c->cfg = chunks[0].model->cfg;
+    c->P = chunks[0].model->num_parameters;
     c->opt = opt;
     c->dir = dir ? dir : "";
     c->every = every;
     c->keep = keep;
     c->hp = *hp;
     c->last_step = -1;
-    int nown;
-    OptPiece* own = layout_opt_pieces(L, comm->rank, &nown);
-    c->own = ckpt_spans(L, model, opt->pieces, opt->npieces, own, nown, &c->nown);
-    free(own);
-    c->held = ckpt_spans(L, model, opt->pieces, opt->npieces, opt->pieces, opt->npieces, &c->nheld);
+    for (int k = 0; k < nchunks; k++) {
+        const CkptChunk* ch = &chunks[k];
+        const OptPiece* held = opt->bufs[k].pieces;
+        int nheld = opt->bufs[k].npieces, nown, n;
+        /* this rank writes its slice of every bucket of the chunk (under
+         * zero_stage 0 too, where it holds everything), but not a tied copy */
+        OptPiece* own = layout_opt_pieces(ch->layout, ch->dp_rank, &nown);
+        if (ch->skip_wte) {
+            const GPT2Tensor* te = gpt2_tensor(ch->model, GPT2_WTE, -1);
+            int j = 0;
+            for (int i = 0; i < nown; i++)
+                if (!(own[i].buf_off >= te->buf_off && own[i].buf_off + own[i].len <= te->buf_off + te->numel))
+                    own[j++] = own[i];
+            nown = j;
+        }
+        CkptSpan* s = ckpt_spans(ch->layout, ch->model, held, nheld, own, nown, &n);
+        c->own = spans_append(c->own, &c->nown, s, n);
+        free(own);
+        s = ckpt_spans(ch->layout, ch->model, held, nheld, held, nheld, &n);
+        c->held = spans_append(c->held, &c->nheld, s, n);
+    }
+}
+
+/* Collective: the model file at path, written by the chunks' writers (each
+ * pwrites its tensors at their places) into a file rank 0 created with the
+ * header and the full size; fsynced. version 3 or 5. 0, or -1 on every rank
+ * with the reason in err (the failing rank's own; the others name it). */
+static int write_model_file(Checkpointer* c, const char* path, int version, char* err, size_t errlen) {
+    Comm* comm = c->comm;
+    int bad = 0;
+    err[0] = '\0';
+    if (comm->rank == 0) {
+        int32_t h[GPT2_HEADER_INTS];
+        gpt2_header_encode(&c->cfg, version, h);
+        long long bytes = (long long)sizeof h + (long long)c->P * (version == 3 ? 4 : 2);
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0 || pwrite(fd, h, sizeof h, 0) != (ssize_t)sizeof h || ftruncate(fd, (off_t)bytes) != 0) {
+            ckpt_errf(err, errlen, "%s: cannot write: %s", path, strerror(errno));
+            bad = 1;
+        }
+        if (fd >= 0) close(fd);
+    }
+    if (comm_allreduce_host_max_int(comm, bad)) {
+        if (!bad) ckpt_errf(err, errlen, "%s: writing it failed on rank 0", path);
+        return -1;
+    }
+    for (int k = 0; k < c->nchunks && !bad; k++) {
+        if (!c->chunks[k].writer) continue;
+        int fd = open(path, O_WRONLY);
+        if (fd < 0) {
+            ckpt_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+            bad = 1;
+            break;
+        }
+        char e2[512];
+        if (gpt2_write_tensors(c->chunks[k].model, fd, version, c->chunks[k].skip_wte, e2, sizeof e2) != 0) {
+            ckpt_errf(err, errlen, "%s: %s", path, e2);
+            bad = 1;
+        } else if (fsync(fd) != 0) {
+            ckpt_errf(err, errlen, "%s: fsync failed: %s", path, strerror(errno));
+            bad = 1;
+        }
+        close(fd);
+    }
+    if (comm_allreduce_host_max_int(comm, bad)) {
+        if (!bad) ckpt_errf(err, errlen, "%s: writing it failed on another rank (see its message)", path);
+        return -1;
+    }
+    return 0;
+}
+
+void ckpt_save_model(Checkpointer* c, const char* path, int version) {
+    char tmp[CKPT_PATH + 8], err[1024];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) ckpt_fail_all(c->comm, "path too long: %s", path);
+    if (write_model_file(c, tmp, version, err, sizeof err) != 0) ckpt_fail_all(c->comm, "--save_model: %s", err);
+    int bad = 0;
+    if (c->comm->rank == 0 && rename(tmp, path) != 0) {
+        ckpt_errf(err, sizeof err, "--save_model: cannot rename %s to %s: %s", tmp, path, strerror(errno));
+        bad = 1;
+    }
+    if (comm_allreduce_host_max_int(c->comm, bad))
+        ckpt_fail_all(c->comm, "%s", bad ? err : "--save_model: renaming the file failed on rank 0");
 }
 
 void ckpt_free(Checkpointer* c) {
+    free(c->chunks);
     free(c->own);
     free(c->held);
     memset(c, 0, sizeof *c);
@@ -102,7 +195,7 @@ static int ckpt_probe_dir(const Checkpointer* c, char* err, size_t errlen) {
     }
     if (c->every > 0) {
         struct statvfs sv;
-        size_t need = ckpt_bytes(c->model->num_parameters);
+        size_t need = ckpt_bytes(c->P);
         if (statvfs(c->dir, &sv) == 0) {
             unsigned long long avail = (unsigned long long)sv.f_bavail * sv.f_frsize;
             if (avail < need) {
@@ -149,7 +242,7 @@ static void ckpt_decide(const Checkpointer* c, int resume, CkptVerdict* v) {
     ckpt_dir_name(v->path, sizeof v->path, c->dir, step, 0);
     CkptHeader h;
     char notes[4096];
-    if (ckpt_verify(v->path, &c->model->cfg, c->model->num_parameters, &h, err, errlen) != 0 ||
+    if (ckpt_verify(v->path, &c->cfg, c->P, &h, err, errlen) != 0 ||
         ckpt_header_check_resume(&h, &c->hp, notes, sizeof notes, err, errlen) != 0) {
         v->status = -1;
         return;
@@ -185,10 +278,10 @@ int ckpt_start(Checkpointer* c, int resume, CkptProgress* p) {
     /* every rank: the params from model.bin, its state ranges from state.bin */
     char f[CKPT_PATH + 16];
     snprintf(f, sizeof f, "%s/model.bin", v->path);
-    gpt2_load(c->model, f);
+    for (int k = 0; k < c->nchunks; k++) gpt2_load(c->chunks[k].model, f);
     snprintf(f, sizeof f, "%s/state.bin", v->path);
     Optimizer* o = c->opt;
-    int bad = ckpt_read_state(f, o->be, c->model->num_parameters, c->held, c->nheld, o->master, o->m, o->v,
+    int bad = ckpt_read_state(f, o->be, c->P, c->held, c->nheld, o->master, o->m, o->v,
                               err, sizeof err);
     if (comm_allreduce_host_max_int(comm, bad ? 1 : 0) != 0)
         ckpt_fail_all(comm, "%s", bad ? err : "resume: reading the checkpoint failed on another rank (see its message)");
@@ -236,7 +329,7 @@ static void ckpt_write_done(const char* path, const CkptDone* d) {
 void ckpt_save(Checkpointer* c, const CkptProgress* p) {
     Comm* comm = c->comm;
     Optimizer* o = c->opt;
-    const size_t P = c->model->num_parameters;
+    const size_t P = c->P;
     double t0 = wall_time_s();
     char tmp[CKPT_PATH], fin[CKPT_PATH], f[CKPT_PATH + 16], err[1024];
     ckpt_dir_name(tmp, sizeof tmp, c->dir, p->step, 1);
@@ -255,17 +348,17 @@ void ckpt_save(Checkpointer* c, const CkptProgress* p) {
     if (v->status < 0) ckpt_fail_all(comm, "%s", v->msg);
     free(v);
 
-    /* 2. model.bin (rank 0) and every rank's ranges of state.bin */
+    /* 2. model.bin (each chunk's tensors by its writer) and every rank's ranges of state.bin */
     unsigned char header[CKPT_HEADER_BYTES];
+    snprintf(f, sizeof f, "%s/model.bin", tmp);
+    if (write_model_file(c, f, 3, err, sizeof err) != 0)
+        ckpt_fail_all(comm, "checkpoint: %s (the previous checkpoint is kept)", err);
     if (comm->rank == 0) {
-        snprintf(f, sizeof f, "%s/model.bin", tmp);
-        gpt2_save(c->model, f, 3);
-        if (ckpt_fsync_path(f, 0, err, sizeof err) != 0) fatal("%s", err);
         CkptHeader h;
         memset(&h, 0, sizeof h);
         h.version = CKPT_VERSION;
         h.num_parameters = P;
-        h.cfg = c->model->cfg;
+        h.cfg = c->cfg;
         h.progress = *p;
         h.opt_t = o->t;
         h.dtype = (int)o->be->dtype;
@@ -300,53 +393,4 @@ void ckpt_save(Checkpointer* c, const CkptProgress* p) {
                (double)(d.model_bytes + d.state_bytes) / 1048576.0, wall_time_s() - t0);
     }
     c->last_step = p->step;
-}
-
-/* ------------------------------------------------------------ log.jsonl */
-
-static int ckpt_log_step(const char* line, int* step) {
-    const char* s = strstr(line, "\"step\":");
-    if (!s) return -1;
-    char* end;
-    long v = strtol(s + 7, &end, 10);
-    if (end == s + 7) return -1;
-    *step = (int)v;
-    return 0;
-}
-
-int ckpt_log_trim(const char* path, int step, char* err, size_t errlen) {
-    FILE* in = fopen(path, "rb");
-    if (!in) return errno == ENOENT ? 0 : (ckpt_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno)), -1);
-    char tmp[CKPT_PATH + 8];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE* out = fopen(tmp, "wb");
-    if (!out) {
-        ckpt_errf(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
-        fclose(in);
-        return -1;
-    }
-    char* line = NULL;
-    size_t cap = 0;
-    ssize_t len;
-    while ((len = getline(&line, &cap, in)) > 0) {
-        int s;
-        if (ckpt_log_step(line, &s) == 0) {
-            int is_val = strstr(line, "\"val_loss\"") != NULL;
-            if (is_val ? s >= step : s > step) break;
-        }
-        if (fwrite(line, 1, (size_t)len, out) != (size_t)len) break;
-    }
-    free(line);
-    fclose(in);
-    int werr = ferror(out);
-    if (fclose(out) != 0) werr = 1;
-    if (werr) {
-        ckpt_errf(err, errlen, "%s: write failed: %s", tmp, strerror(errno));
-        return -1;
-    }
-    if (rename(tmp, path) != 0) {
-        ckpt_errf(err, errlen, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
-        return -1;
-    }
-    return 0;
 }

@@ -7,10 +7,14 @@
  *
  * Saving (collective; ckpt_save):
  *   1. rank 0 makes ckpt_<S>.tmp/ (removing a stale one of a crashed save);
- *   2. rank 0 writes model.bin; every rank pwrite()s the master/m/v ranges
- *      it owns (its slice of every bucket: layout_opt_pieces(L, rank), also
- *      under zero_stage 0 where every rank holds the full state) into the
- *      one state.bin at their canonical offsets, and fsyncs;
+ *   2. rank 0 creates model.bin (header, full size) and each model chunk's
+ *      writer (the chunk's data-parallel rank 0) pwrite()s its tensors at
+ *      their places; every rank pwrite()s the master/m/v ranges it owns (its
+ *      slice of every bucket of each of its chunks: layout_opt_pieces(L,
+ *      dp_rank), also under zero_stage 0 where every rank holds the full
+ *      state) into the one state.bin at their canonical offsets; each
+ *      fsyncs. The tied embedding's second copy (the last pipeline stage's)
+ *      is written by neither: the first stage writes it once;
  *   3. barrier; rank 0 computes both files' CRC-32 (zlib's polynomial),
  *      fsyncs the directory, renames ckpt_<S>.tmp to ckpt_<S>, fsyncs
  *      output_dir, and writes DONE (DONE.tmp, fsync, rename, fsync);
@@ -29,11 +33,13 @@
  * fields that must agree, and the printed changes of those that may change);
  * it shares its verdict, so a bad checkpoint gives the same clear error on
  * every rank and nothing is written. Then every rank loads model.bin into
- * the param buffer and reads exactly the state ranges its optimizer holds
- * (zero_stage 1: its pieces; zero_stage 0: everything), and the optimizer's
+ * the param buffer of each of its chunks and reads exactly the state ranges
+ * its optimizer holds (zero_stage 1: its pieces; zero_stage 0: everything;
+ * both copies of a tied embedding), and the optimizer's
  * step count is restored. The data position is stored as the global row
  * index of the next step, so it does not depend on N or on the micro-batch
- * size.
+ * size. Nothing in the files depends on the world size, the pipeline shape,
+ * the bucket size or the zero stage: any run resumes any other's checkpoint.
  */
 #ifndef CHECKPOINT_CHECKPOINT_H
 #define CHECKPOINT_CHECKPOINT_H
@@ -47,13 +53,26 @@
 #include "ckpt_file.h"
 #include "ckpt_format.h"
 
-/* One rank's checkpointing, bound by ckpt_init to the run: the model (its
- * tensors' file offsets, num_parameters), the optimizer (pieces/npieces,
- * master, m, v on the backend, t) and the layout the spans were computed
- * from. The trainer reads last_step; the rest is the protocol's. */
+/* A model chunk as the checkpoint sees it (the whole model when there is no
+ * pipeline): its tensors' file offsets and params, the layout its optimizer
+ * pieces come from, and this rank's place. */
+typedef struct {
+    GPT2* model;
+    const Layout* layout;
+    int dp_rank;                /* this rank's index in the layout's world (its data-parallel rank) */
+    int writer;                 /* this rank writes the chunk's tensors into model.bin */
+    int skip_wte;               /* wte is a tied copy that another rank writes (tensor and state) */
+} CkptChunk;
+
+/* One rank's checkpointing, bound by ckpt_init to the run: its model chunks
+ * and the optimizer (bufs[k]: chunk k's pieces; master, m, v on the backend;
+ * t). The trainer reads last_step; the rest is the protocol's. */
 typedef struct {
     Comm* comm;
-    GPT2* model;
+    CkptChunk* chunks;
+    int nchunks;
+    GPT2Config cfg;             /* the whole model's shape */
+    size_t P;                   /* and parameter count */
     Optimizer* opt;
     const char* dir;            /* --output_dir */
     int every, keep;            /* --checkpoint_every, --checkpoints_keep */
@@ -67,9 +86,10 @@ typedef struct {
 
 /* ---- the trainer's interface ---- */
 
-/* Binds the checkpointer to the run (no I/O). dir may be "" when every == 0. */
-void ckpt_init(Checkpointer* c, Comm* comm, GPT2* model, const Layout* L, Optimizer* opt,
-               const char* dir, int every, int keep, const CkptHparams* hp);
+/* Binds the checkpointer to the run (no I/O): chunks[k] is what opt->bufs[k]
+ * updates. dir may be "" when every == 0. */
+void ckpt_init(Checkpointer* c, Comm* comm, const CkptChunk* chunks, int nchunks, Optimizer* opt, const char* dir,
+               int every, int keep, const CkptHparams* hp);
 /* Start-up, collective, before training writes anything. If dir is set:
  * creates it, checks on rank 0 that a file can be written there (and, when
  * checkpointing, that the file system has room for one checkpoint), and
@@ -84,16 +104,14 @@ int ckpt_start(Checkpointer* c, int resume, CkptProgress* p);
 int ckpt_due(const Checkpointer* c, int step_done);
 /* Saves a checkpoint of the current state (collective). */
 void ckpt_save(Checkpointer* c, const CkptProgress* p);
+/* The current params as an llm.c model file (version 3 fp32 or 5 bf16),
+ * written by the chunks' writers into path.tmp, then renamed over path
+ * (collective; one clear error on every rank on failure). */
+void ckpt_save_model(Checkpointer* c, const char* path, int version);
 void ckpt_free(Checkpointer* c);
 
 /* Prints "error: <msg>" on every rank that calls it, then ends them all
  * with a non-zero exit. Every rank must call it (a shared verdict). */
 NORETURN void ckpt_fail_all(Comm* comm, const char* fmt, ...) PRINTF_LIKE(2, 3);
-
-/* log.jsonl on resume at step: keeps the lines the uninterrupted run had
- * written before its validation at `step` (training lines of steps <= step,
- * validation lines of steps < step), drops the rest (rank 0 only; no file is
- * fine). Returns 0, or -1 with a reason in err. */
-int ckpt_log_trim(const char* path, int step, char* err, size_t errlen);
 
 #endif

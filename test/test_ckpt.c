@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "../checkpoint/checkpoint.h"
+#include "../train/runlog.h"
 #include "../common/util.h"
 #include "test.h"
 
@@ -339,12 +340,14 @@ static void config_make(Config* c, Backend* be, const GPT2Config* cfg, const flo
     for (int r = 0; r < world; r++) {
         int n;
         OptPiece* p = layout_opt_pieces(&c->L, zero ? r : -1, &n);
-        optimizer_init(&c->opt[r], be, p, n, c->m.params);   /* master <- params of its pieces */
+        /* master <- params of its pieces */
+        optimizer_init(&c->opt[r], be, &(OptBuffer){.params = c->m.params, .pieces = p, .npieces = n}, 1);
         Comm comm;
         memset(&comm, 0, sizeof comm);
         comm.rank = r;
         comm.world = world;
-        ckpt_init(&c->ck[r], &comm, &c->m, &c->L, &c->opt[r], "", 0, 0, &hp);
+        CkptChunk ch = {.model = &c->m, .layout = &c->L, .dp_rank = r, .writer = r == 0};
+        ckpt_init(&c->ck[r], &comm, &ch, 1, &c->opt[r], "", 0, 0, &hp);
         c->ck[r].comm = NULL;
     }
 }
@@ -591,7 +594,7 @@ static void test_log_trim(void) {
         "{\"step\":0,\"val_loss\":5}\n{\"step\":1,\"loss\":4}\n{\"step\":2,\"loss\":3}\n{\"step\":2,\"val_loss\":3.5}\n"
         "{\"step\":3,\"skipped\":1,\"bad_in_a_row\":1}\n{\"step\":4,\"loss\":2}\n";
     write_file(p, in, strlen(in));
-    int rc = ckpt_log_trim(p, 4, err, sizeof err);
+    int rc = runlog_trim(p, 4, err, sizeof err);
     char buf[1024] = "";
     FILE* f = fopen(p, "rb");
     size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
@@ -599,7 +602,7 @@ static void test_log_trim(void) {
     buf[n] = '\0';
     CHECK(rc == 0 && strcmp(buf, want) == 0, "log trim at step 4 kept:\n%s", buf);
     snprintf(p, sizeof p, "%s/no_such_log.jsonl", g_dir);
-    CHECK(ckpt_log_trim(p, 3, err, sizeof err) == 0, "log trim of a missing log is fine");
+    CHECK(runlog_trim(p, 3, err, sizeof err) == 0, "log trim of a missing log is fine");
     printf("log.jsonl: trimmed to the lines before the validation at the resume step\n");
 }
 

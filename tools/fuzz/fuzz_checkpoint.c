@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 
 #include "../../checkpoint/checkpoint.h"
+#include "../../train/runlog.h"
 #include "fuzz_common.h"
 
 static GPT2Config tiny_cfg(void) {
@@ -43,9 +44,9 @@ static void read_body(void* ctx) {
         int n;
         OptPiece* pieces = layout_opt_pieces(&L, -1, &n);
         Optimizer o;
-        optimizer_init(&o, be, pieces, n, m.params);
+        optimizer_init(&o, be, &(OptBuffer){.params = m.params, .pieces = pieces, .npieces = n}, 1);
         int ns2;
-        CkptSpan* spans = ckpt_spans(&L, &m, o.pieces, o.npieces, o.pieces, o.npieces, &ns2);
+        CkptSpan* spans = ckpt_spans(&L, &m, o.bufs[0].pieces, o.bufs[0].npieces, o.bufs[0].pieces, o.bufs[0].npieces, &ns2);
         char path[512];
         snprintf(path, sizeof path, "%s/state.bin", dir);
         int rd = ckpt_read_state(path, be, m.num_parameters, spans, ns2, o.master, o.m, o.v, err, sizeof err);
@@ -107,7 +108,7 @@ static void parse_body(void* ctx) {
     name[n] = '\0';
     int tmp;
     ckpt_parse_name(name, &tmp);
-    ckpt_log_trim(c->log, 5, err, sizeof err);
+    runlog_trim(c->log, 5, err, sizeof err);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
