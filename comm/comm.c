@@ -34,6 +34,22 @@
  *    MPI_Aborts every rank. The blocking host helpers use the same wait.
  *  - MPI counts are int: one collective of more than INT_MAX elements (per
  *    slice for reduce-scatter and all-gather) is refused with a clear error.
+ *
+ * Sub-communicators (comm_split): the group's ranks are computed from a
+ * bounded all-gather of every rank's (color, key) over the parent, so that a
+ * dead or stalled rank ends the job there; then MPI_Comm_split makes the
+ * group's MPI communicator (none for a group of one rank), and with NCCL the
+ * group makes a communicator of its own from a unique id that its rank 0
+ * broadcasts over it. A failure on any communicator ends the whole job:
+ * comm_abort calls MPI_Abort on MPI_COMM_WORLD whenever the job has more than
+ * one rank, whatever the size of the group.
+ *
+ * Point to point on the MPI backend: a duplicate of the group's MPI
+ * communicator (made by comm_p2p_setup) carries only the transfers, so that
+ * they never match anything else. Sends carry the caller's tag as the MPI tag;
+ * receives take MPI_ANY_TAG from their peer, so that MPI's non-overtaking rule
+ * matches them in posting order exactly as NCCL does, and comm_wait checks the
+ * tag and the element count the message arrived with.
  */
 #include "comm.h"
 #include "comm_internal.h"
@@ -58,9 +74,17 @@ typedef struct {
 
 typedef struct {
 #ifdef USE_MPI
-    MPI_Comm mpi;          /* duplicate of MPI_COMM_WORLD: collectives and helpers */
+    MPI_Comm mpi;          /* collectives and helpers: a duplicate of MPI_COMM_WORLD, or the
+                            * group's (MPI_COMM_NULL for a comm_split group of one rank) */
+    MPI_Comm p2p_mpi;      /* point to point (comm_p2p_setup), else MPI_COMM_NULL */
+    int tag_ub;            /* MPI_TAG_UB */
     int mpi_owned;         /* we called MPI_Init, so we call MPI_Finalize */
 #endif
+    int root;              /* made by comm_bootstrap (owns the fatal hook), not by comm_split */
+    int setup;             /* comm_setup done, or a comm_split result */
+    int p2p;               /* comm_p2p_setup done */
+    int job_world;         /* ranks in the whole job: above 1, an abort ends them with MPI_Abort */
+    int* global;           /* global rank of each of the world ranks of this communicator */
     int device;            /* the compute backend is "cuda": buffers are device pointers */
     void* nccl;            /* CommNccl* when kind == COMM_NCCL */
     CommScratch* pool;
@@ -68,9 +92,10 @@ typedef struct {
     int aborting;
 } CommImpl;
 
-/* One MPI-backend collective in flight (CommHandle.impl). */
+/* One MPI-backend collective or transfer in flight (CommHandle.impl). */
 typedef struct {
     CommOp op;
+    int peer, tag;         /* send / receive */
     size_t count, slice;   /* slice = count / world */
     DType dt;
     int average;
@@ -80,6 +105,8 @@ typedef struct {
     void* recv;            /* reduce-scatter result: slice elements of the reduce type */
 #ifdef USE_MPI
     MPI_Request req;
+    MPI_Status st;         /* of the completed request (a receive's tag and count) */
+    int done;              /* req completed, st filled (a later MPI_Test would empty st) */
 #endif
 } CommMpiReq;
 
@@ -99,8 +126,20 @@ const char* comm_op_name(CommOp op) {
     case COMM_OP_ALLREDUCE: return "all-reduce";
     case COMM_OP_REDUCE_SCATTER: return "reduce-scatter";
     case COMM_OP_ALLGATHER: return "all-gather";
+    case COMM_OP_SEND: return "send";
+    case COMM_OP_RECV: return "receive";
     }
     return "?";
+}
+
+int comm_global_rank(Comm* c, int r) {
+    CommImpl* m = comm_impl(c);
+    return m && m->global && r >= 0 && r < c->world ? m->global[r] : r;
+}
+
+void comm_p2p_describe(Comm* c, char* out, size_t outsz, CommOp op, size_t count, int peer, int tag) {
+    snprintf(out, outsz, "%s of %zu elements %s rank %d of %d (global rank %d), tag %d", comm_op_name(op),
+             count, op == COMM_OP_SEND ? "to" : "from", peer, c->world, comm_global_rank(c, peer), tag);
 }
 
 void comm_sleep_us(int us) {
@@ -117,7 +156,8 @@ void comm_abort(Comm* c, const char* msg) {
     fflush(stderr);
     fflush(stdout);
 #ifdef USE_MPI
-    if (c && c->world > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+    /* a group of one rank still ends the whole job */
+    if (c && (m ? m->job_world : c->world) > 1) MPI_Abort(MPI_COMM_WORLD, 1);
 #endif
     exit(1);
 }
@@ -153,19 +193,33 @@ static void comm_mpi_check(Comm* c, int rc, const char* what) {
     comm_abortf(c, "%s failed: %s", what, s);
 }
 
+/* The error check of an MPI_Test of what: a truncated receive gets a message
+ * of its own. */
+static void comm_mpi_test_check(Comm* c, int rc, const char* what) {
+    int cls = MPI_SUCCESS;
+    if (rc != MPI_SUCCESS && MPI_Error_class(rc, &cls) == MPI_SUCCESS && cls == MPI_ERR_TRUNCATE)
+        comm_abortf(c, "%s failed: the peer sent more elements than this receive expects (sends and receives "
+                    "between two ranks must be posted in the same order, with the same counts)", what);
+    comm_mpi_check(c, rc, what);
+}
+
 /* Poll r until it completes or c->timeout_s passes; then end every rank,
- * naming what stalled. */
-static void comm_mpi_wait_req(Comm* c, MPI_Request* r, const char* what) {
+ * naming what stalled. st: the completed request's status, or MPI_STATUS_IGNORE. */
+static void comm_mpi_wait_req_status(Comm* c, MPI_Request* r, MPI_Status* st, const char* what) {
     double t0 = wall_time_s();
     for (;;) {
         int done = 0;
-        comm_mpi_check(c, MPI_Test(r, &done, MPI_STATUS_IGNORE), what);
+        comm_mpi_test_check(c, MPI_Test(r, &done, st), what);
         if (done) return;
         if (wall_time_s() - t0 > c->timeout_s)
             comm_abortf(c, "%s did not complete within %g s: a peer rank died or stalled", what,
                         c->timeout_s);
         comm_sleep_us(50);
     }
+}
+
+static void comm_mpi_wait_req(Comm* c, MPI_Request* r, const char* what) {
+    comm_mpi_wait_req_status(c, r, MPI_STATUS_IGNORE, what);
 }
 #endif
 
@@ -180,8 +234,11 @@ void comm_bootstrap(Comm* c, int* argc, char*** argv) {
     c->be = NULL;
     CommImpl* m = (CommImpl*)xcalloc(1, sizeof(CommImpl));
     c->impl = m;
+    m->root = 1;
     setvbuf(stdout, NULL, _IOLBF, 0);
 #ifdef USE_MPI
+    m->mpi = MPI_COMM_NULL;
+    m->p2p_mpi = MPI_COMM_NULL;
     int inited = 0;
     MPI_Initialized(&inited);
     if (!inited) {
@@ -208,6 +265,9 @@ void comm_bootstrap(Comm* c, int* argc, char*** argv) {
     (void)argv;
     util_set_fatal_hook(comm_fatal_hook, c);
 #endif
+    m->job_world = c->world;
+    m->global = (int*)xmalloc((size_t)c->world * sizeof(int));
+    for (int r = 0; r < c->world; r++) m->global[r] = r;
 }
 
 /* ----------------------------------------------------------- scratch pool */
@@ -345,6 +405,97 @@ void comm_setup(Comm* c, const char* want, Backend* be, double timeout_s) {
 #ifdef USE_CUDA
     if (kind == COMM_NCCL) m->nccl = comm_nccl_create(c);
 #endif
+    m->setup = 1;
+}
+
+/* ------------------------------------------------------ sub-communicators */
+
+void comm_allgather_host(Comm* c, const void* mine, void* all, size_t bytes) {
+    memmove((char*)all + (size_t)c->rank * bytes, mine, bytes);
+    if (c->world == 1 || bytes == 0) return;
+#ifdef USE_MPI
+    if (bytes > (size_t)INT_MAX)
+        fatal("comm: host all-gather of %zu bytes per rank exceeds MPI's int count", bytes);
+    MPI_Request r;
+    char what[96];
+    snprintf(what, sizeof what, "host all-gather of %zu bytes per rank", bytes);
+    comm_mpi_check(c, MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, all, (int)bytes, MPI_BYTE,
+                                     comm_impl(c)->mpi, &r), what);
+    comm_mpi_wait_req(c, &r, what);
+#endif
+}
+
+int comm_split(Comm* parent, int color, int key, Comm* out) {
+    CommImpl* pm = comm_impl(parent);
+    if (!pm || !pm->setup)
+        fatal("comm_split: the parent communicator is not set up (call comm_setup first)");
+    if (out == parent) fatal("comm_split: out must not be the parent communicator");
+    if (color < 0) color = COMM_COLOR_NONE;
+    int W = parent->world;
+
+    /* every rank's (color, key); bounded, so a dead or stalled rank ends the
+     * job here rather than in MPI_Comm_split, which cannot time out */
+    int mine[2] = {color, key};
+    int* all = (int*)xmalloc((size_t)W * sizeof mine);
+    comm_allgather_host(parent, mine, all, sizeof mine);
+    /* the group: the parent ranks of this color, ordered by (key, parent rank) */
+    int* members = (int*)xmalloc((size_t)W * sizeof(int));
+    int n = 0;
+    if (color < 0) {
+        members[n++] = parent->rank;
+    } else {
+        for (int j = 0; j < W; j++) {
+            if (all[2 * j] != color) continue;
+            int i = n++;
+            while (i > 0 && all[2 * members[i - 1] + 1] > all[2 * j + 1]) {
+                members[i] = members[i - 1];
+                i--;
+            }
+            members[i] = j;
+        }
+    }
+    int me = 0;
+    while (members[me] != parent->rank) me++;
+
+    memset(out, 0, sizeof *out);
+    out->rank = me;
+    out->world = n;
+    out->local_rank = parent->local_rank;
+    out->local_world = parent->local_world;
+    out->kind = n == 1 ? COMM_SINGLE : parent->kind;
+    out->timeout_s = parent->timeout_s;
+    out->be = parent->be;
+    CommImpl* m = (CommImpl*)xcalloc(1, sizeof(CommImpl));
+    out->impl = m;
+    m->setup = 1;
+    m->job_world = pm->job_world;
+    m->device = pm->device;
+    m->global = (int*)xmalloc((size_t)n * sizeof(int));
+    for (int i = 0; i < n; i++) m->global[i] = comm_global_rank(parent, members[i]);
+#ifdef USE_MPI
+    m->mpi = MPI_COMM_NULL;
+    m->p2p_mpi = MPI_COMM_NULL;
+    if (W > 1) {
+        comm_mpi_check(parent, MPI_Comm_split(pm->mpi, n > 1 ? color : MPI_UNDEFINED, key, &m->mpi),
+                       "MPI_Comm_split");
+        if (n > 1) {
+            comm_mpi_check(out, MPI_Comm_set_errhandler(m->mpi, MPI_ERRORS_RETURN),
+                           "MPI_Comm_set_errhandler");
+            int r = -1, w = -1;
+            MPI_Comm_rank(m->mpi, &r);
+            MPI_Comm_size(m->mpi, &w);
+            if (r != me || w != n)
+                comm_abortf(out, "comm_split: MPI_Comm_split made rank %d of %d, expected rank %d of %d", r, w,
+                            me, n);
+        }
+    }
+#endif
+    free(all);
+    free(members);
+#ifdef USE_CUDA
+    if (out->kind == COMM_NCCL) m->nccl = comm_nccl_create(out);
+#endif
+    return n;
 }
 
 /* ------------------------------------------------------------ collectives */
@@ -468,6 +619,147 @@ static void comm_mpi_finish(Comm* c, CommHandle* h) {
 }
 #endif
 
+/* ---------------------------------------------------------- point to point */
+
+#ifdef USE_MPI
+/* The MPI tag that carries the caller's tag. */
+static int comm_mpi_wire_tag(CommImpl* m, int tag) {
+    return m->tag_ub > 0 && m->tag_ub < INT_MAX ? tag % (m->tag_ub + 1) : tag;
+}
+
+static void comm_mpi_p2p_start(Comm* c, CommOp op, void* buf, size_t count, DType dt, int peer, int tag,
+                               CommHandle* h) {
+    CommImpl* m = comm_impl(c);
+    char what[192];
+    comm_p2p_describe(c, what, sizeof what, op, count, peer, tag);
+    if (count > (size_t)INT_MAX)
+        fatal("comm %s (mpi): more than MPI's int count limit (%d) for one transfer", what, INT_MAX);
+    CommMpiReq* r = (CommMpiReq*)xcalloc(1, sizeof *r);
+    r->op = op;
+    r->peer = peer;
+    r->tag = tag;
+    r->count = count;
+    r->dt = dt;
+    r->buf = buf;
+    size_t bytes = count * dtype_size(dt);
+    if (m->device) {
+#ifdef USE_CUDA
+        r->host = comm_scratch_get(c, bytes, 1);
+        if (op == COMM_OP_SEND) comm_cuda_to_host(c, r->host, buf, bytes);
+#else
+        fatal("comm: a device backend in a build without CUDA");
+#endif
+    } else {
+        r->host = buf;
+    }
+    MPI_Datatype t = dt == DTYPE_BF16 ? MPI_UINT16_T : MPI_FLOAT;
+    if (op == COMM_OP_SEND)
+        comm_mpi_check(c, MPI_Isend(r->host, (int)count, t, peer, comm_mpi_wire_tag(m, tag), m->p2p_mpi,
+                                    &r->req), what);
+    else
+        comm_mpi_check(c, MPI_Irecv(r->host, (int)count, t, peer, MPI_ANY_TAG, m->p2p_mpi, &r->req), what);
+    h->impl = r;
+}
+
+static void comm_mpi_p2p_finish(Comm* c, CommHandle* h) {
+    CommImpl* m = comm_impl(c);
+    CommMpiReq* r = (CommMpiReq*)h->impl;
+    char what[192];
+    comm_p2p_describe(c, what, sizeof what, r->op, r->count, r->peer, r->tag);
+    if (!r->done) comm_mpi_wait_req_status(c, &r->req, &r->st, what);
+    MPI_Status st = r->st;
+    if (r->op == COMM_OP_RECV) {
+        int got = -1;
+        MPI_Get_count(&st, r->dt == DTYPE_BF16 ? MPI_UINT16_T : MPI_FLOAT, &got);
+        if (st.MPI_TAG != comm_mpi_wire_tag(m, r->tag) || got != (int)r->count)
+            comm_abortf(c, "%s: the message that arrived has tag %d and %d elements: sends and receives between two "
+                        "ranks must be posted in the same order, with the same tags and counts, on both",
+                        what, st.MPI_TAG, got);
+    }
+    if (m->device) {
+#ifdef USE_CUDA
+        if (r->op == COMM_OP_RECV) comm_cuda_to_device(c, r->buf, r->host, r->count * dtype_size(r->dt));
+        comm_scratch_put(c, r->host);
+#endif
+    }
+    free(r);
+    h->impl = NULL;
+}
+#endif
+
+void comm_p2p_setup(Comm* c) {
+    CommImpl* m = comm_impl(c);
+    if (!m || !m->setup)
+        fatal("comm_p2p_setup: the communicator is not set up (comm_setup or comm_split first)");
+    if (m->p2p) return;
+    m->p2p = 1;
+    if (c->world == 1) return;
+#ifdef USE_MPI
+    if (c->kind == COMM_MPI) {
+        MPI_Request r;
+        comm_mpi_check(c, MPI_Comm_idup(m->mpi, &m->p2p_mpi, &r), "point-to-point setup (MPI_Comm_idup)");
+        comm_mpi_wait_req(c, &r, "point-to-point setup (MPI_Comm_idup)");
+        comm_mpi_check(c, MPI_Comm_set_errhandler(m->p2p_mpi, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+        int* ub = NULL;
+        int flag = 0;
+        MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+        m->tag_ub = flag && ub ? *ub : 32767;
+    }
+#endif
+#ifdef USE_CUDA
+    if (c->kind == COMM_NCCL) comm_nccl_p2p_setup(c, (CommNccl*)m->nccl);
+#endif
+}
+
+static void comm_p2p_start(Comm* c, CommOp op, void* buf, size_t count, DType dt, int peer, int tag,
+                           CommHandle* h) {
+    const char* fn = op == COMM_OP_SEND ? "comm_send" : "comm_recv";
+    CommImpl* m = comm_impl(c);
+    if (!h) fatal("%s: NULL handle", fn);
+    if (count > 0 && !buf) fatal("%s: NULL buffer of %zu elements", fn, count);
+    if (c->world == 1)
+        fatal("%s: this communicator has one rank, so no peer (a pipeline of one stage never sends or "
+              "receives)", fn);
+    if (!m || !m->p2p)
+        fatal("%s: call comm_p2p_setup on every rank of the communicator before its first send or receive",
+              fn);
+    if (peer < 0 || peer >= c->world || peer == c->rank)
+        fatal("%s: peer %d is not another rank of this %d-rank communicator (this is rank %d)", fn, peer, c->world,
+              c->rank);
+    if (peer != (c->rank + 1) % c->world && peer != (c->rank - 1 + c->world) % c->world)
+        fatal("%s: peer %d is not a neighbour of rank %d in a %d-rank communicator (only rank + 1 and rank - 1, "
+              "modulo the world, are connected)", fn, peer, c->rank, c->world);
+    if (tag < 0) fatal("%s: tag %d is negative", fn, tag);
+    h->active = 1;
+    h->impl = NULL;
+    if (count == 0) return; /* done already */
+#ifdef USE_CUDA
+    if (c->kind == COMM_NCCL) {
+        comm_nccl_p2p_start(c, (CommNccl*)m->nccl, op, buf, count, dt, peer, tag, h);
+        return;
+    }
+#endif
+#ifdef USE_MPI
+    if (c->kind == COMM_MPI) {
+        comm_mpi_p2p_start(c, op, buf, count, dt, peer, tag, h);
+        return;
+    }
+#endif
+    (void)dt;
+    fatal("%s: backend %s is not available in this build", fn, comm_kind_name(c->kind));
+}
+
+void comm_send(Comm* c, const void* buf, size_t count, DType dt, int peer, int tag, CommHandle* h) {
+    /* the buffer is only read: the cast lets one start function serve both directions */
+    comm_p2p_start(c, COMM_OP_SEND, (void*)buf, count, dt, peer, tag, h);
+}
+
+void comm_recv(Comm* c, void* buf, size_t count, DType dt, int peer, int tag, CommHandle* h) {
+    comm_p2p_start(c, COMM_OP_RECV, buf, count, dt, peer, tag, h);
+}
+
+/* ------------------------------------------- collectives: launch and wait */
+
 static void comm_start(Comm* c, CommOp op, void* buf, size_t count, DType dt, int average,
                        CommHandle* h) {
     comm_check_args(c, op, buf, count, h);
@@ -511,7 +803,11 @@ void comm_wait(Comm* c, CommHandle* h) {
         if (c->kind == COMM_NCCL) comm_nccl_wait(c, (CommNccl*)comm_impl(c)->nccl, h);
 #endif
 #ifdef USE_MPI
-        if (c->kind == COMM_MPI) comm_mpi_finish(c, h);
+        if (c->kind == COMM_MPI) {
+            CommOp op = ((CommMpiReq*)h->impl)->op;
+            if (op == COMM_OP_SEND || op == COMM_OP_RECV) comm_mpi_p2p_finish(c, h);
+            else comm_mpi_finish(c, h);
+        }
 #endif
     }
     h->active = 0;
@@ -526,8 +822,12 @@ void comm_progress(Comm* c, CommHandle* h) {
      * now and then during backward lets the reduction overlap the compute. */
     if (c->kind == COMM_MPI) {
         CommMpiReq* r = (CommMpiReq*)h->impl;
-        int flag = 0;
-        if (r->req != MPI_REQUEST_NULL) comm_mpi_check(c, MPI_Test(&r->req, &flag, MPI_STATUS_IGNORE), "MPI_Test");
+        if (!r->done && r->req != MPI_REQUEST_NULL) {
+            char what[192] = "MPI_Test";
+            if (r->op == COMM_OP_SEND || r->op == COMM_OP_RECV)
+                comm_p2p_describe(c, what, sizeof what, r->op, r->count, r->peer, r->tag);
+            comm_mpi_test_check(c, MPI_Test(&r->req, &r->done, &r->st), what);
+        }
     }
 #endif
 }
@@ -595,15 +895,17 @@ void comm_finalize(Comm* c) {
     m->nccl = NULL;
 #endif
     comm_scratch_free_all(c);
-    util_set_fatal_hook(NULL, NULL);
+    if (m->root) util_set_fatal_hook(NULL, NULL);
 #ifdef USE_MPI
-    MPI_Comm_free(&m->mpi);
-    if (m->mpi_owned) {
-        int finalized = 0;
-        MPI_Finalized(&finalized);
-        if (!finalized) MPI_Finalize();
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) {
+        if (m->p2p_mpi != MPI_COMM_NULL) MPI_Comm_free(&m->p2p_mpi);
+        if (m->mpi != MPI_COMM_NULL) MPI_Comm_free(&m->mpi);
+        if (m->mpi_owned) MPI_Finalize();
     }
 #endif
+    free(m->global);
     free(m);
     c->impl = NULL;
     c->kind = COMM_SINGLE;

@@ -30,7 +30,7 @@ typedef struct {
 } CommHandle;
 
 typedef struct Comm {
-    int rank, world;             /* global */
+    int rank, world;             /* global; within the group for a comm_split result */
     int local_rank, local_world; /* within this host (shared-memory split) */
     CommKind kind;
     double timeout_s;            /* bound on any wait; default 300 */
@@ -64,7 +64,7 @@ void comm_reduce_scatter(Comm* c, void* buf, size_t count, DType dt, int average
 void comm_allgather(Comm* c, void* buf, size_t count, DType dt, CommHandle* h);
 /* Blocks until h completes (fatal with a clear message after timeout_s). On
  * a device backend, after the wait the compute stream is ordered after the
- * collective. */
+ * collective (or transfer: comm_send/comm_recv). */
 void comm_wait(Comm* c, CommHandle* h);
 
 /* Lets an in-flight collective make progress without waiting for it (MPI
@@ -80,8 +80,96 @@ void comm_barrier(Comm* c);
 /* Broadcast host bytes from rank 0. */
 void comm_broadcast_host(Comm* c, void* buf, size_t bytes);
 
+/* ---------------------------------------------------- sub-communicators */
+
+/* The color of a rank that joins no group in comm_split: it gets a
+ * communicator of its own (world 1). Any negative color means the same. */
+#define COMM_COLOR_NONE (-1)
+
+/* Collective over parent (every rank of parent calls it, in the same order
+ * relative to parent's other collectives and host helpers): the ranks that
+ * pass the same color >= 0 form one new communicator, written to *out and
+ * ranked by key (ties by their rank in parent); a rank passing a negative
+ * color gets a communicator of its own. In *out: rank and world are within
+ * the group; local_rank, local_world, timeout_s and be are parent's; kind is
+ * parent's, or single when the group has one rank (every collective is then
+ * the identity, as at world 1). Every collective, host helper, comm_progress,
+ * comm_p2p_setup and comm_send/comm_recv work on *out, with parent's
+ * guarantees: an operation on *out that fails or does not complete within
+ * timeout_s prints a message and ends every rank of the whole job, not only
+ * the group's. parent must be set up (comm_setup, or itself a comm_split
+ * result). NCCL: the group gets a communicator of its own (a unique id shared
+ * over the group's MPI communicator), so collectives of different groups may
+ * be in flight at once. Returns out->world. comm_finalize(out) frees only
+ * *out; finalize every split result before parent. */
+int comm_split(Comm* parent, int color, int key, Comm* out);
+
+/* --------------------------------------------------------- point to point */
+
+/* Point-to-point transfers between ring neighbours (pipeline stages):
+ *
+ *   comm_p2p_setup(c)      collective over c, once, before the first comm_send or
+ *                          comm_recv on c (they end the job with a message
+ *                          otherwise). Connects every rank to its neighbours
+ *                          (rank + 1) % world and (rank - 1 + world) % world,
+ *                          the only peers that comm_send/comm_recv accept.
+ *                          At world 1 it does nothing (there is no peer).
+ *   comm_send(c, buf, ...)  start sending count elements of dt from buf to peer.
+ *   comm_recv(c, buf, ...)  start receiving count elements of dt into buf from
+ *                          peer.
+ *
+ * peer is a rank within c; tag (>= 0) is the caller's label of the message
+ * (say chunk, micro-batch and direction). Both return at once with h active;
+ * comm_wait(c, h) completes the transfer (fatal after timeout_s, naming the
+ * operation and the peer, ending every rank), comm_progress(c, h) moves it on.
+ * Any number of sends and receives may be in flight on c at once, to and from
+ * both neighbours, waited in any order.
+ *
+ * Ordering contract (the caller's part):
+ *  - The messages from rank a to rank b of c form one first-in first-out
+ *    stream: the k-th comm_send of a with peer b is received by the k-th
+ *    comm_recv of b with peer a. The two must agree on count, dt and tag. The
+ *    MPI backend checks tag and count at the receive and ends the job on a
+ *    mismatch; NCCL checks nothing (a mismatch corrupts data or hangs until the
+ *    timeout), so a schedule is first tried on the MPI backend.
+ *  - Streams of different pairs, and the two directions of one pair, are
+ *    independent: a sending to b while b sends to a, in any order of posting,
+ *    cannot deadlock.
+ *  - A send may complete only once the peer has posted the matching receive
+ *    (no buffering is promised). So do not comm_wait on a transfer whose
+ *    matching operation the peer posts only after something this rank does
+ *    after that wait. Posting itself never waits for a peer.
+ *  - buf is the transfer's until comm_wait(h) returns: not written (send) or
+ *    not read or written (receive) before then. On a device backend buf is a
+ *    device pointer: the send reads it after the work the compute stream had
+ *    queued when comm_send was called; the receive writes it after the work
+ *    the compute stream had queued when comm_recv was called; after comm_wait
+ *    the compute stream is ordered after the transfer (so work queued then may
+ *    read the received data or overwrite the sent buffer).
+ *  - count 0 completes at once (both sides must still post it).
+ *  - World 1 (one pipeline stage): comm_send/comm_recv end the job with a
+ *    message: a rank has no peer but itself, and a pipeline of one stage never
+ *    sends.
+ *
+ * Backends: mpi: MPI_Isend/MPI_Irecv on a duplicate of c's MPI communicator,
+ * the tag travelling as the MPI tag (modulo MPI_TAG_UB + 1), received with
+ * MPI_ANY_TAG so that the order, not the tag, matches messages, as on NCCL;
+ * device buffers are staged through pinned host memory (the send copies to
+ * the host before MPI_Isend, the receive copies to the device in comm_wait).
+ * nccl: one 2-rank NCCL communicator and one CUDA stream per direction and
+ * neighbour (so that the directions never queue behind each other), ncclSend
+ * and ncclRecv ordered after the compute stream by an event. NCCL kernels wait
+ * on the GPU for their peer: a device-synchronising CUDA call (cudaMalloc,
+ * cudaFree, cudaDeviceSynchronize) while a transfer is in flight can wait for
+ * a peer that waits for this rank; allocate before the transfers start. */
+void comm_p2p_setup(Comm* c);
+void comm_send(Comm* c, const void* buf, size_t count, DType dt, int peer, int tag, CommHandle* h);
+void comm_recv(Comm* c, void* buf, size_t count, DType dt, int peer, int tag, CommHandle* h);
+
 /* Print msg, then end every rank with a non-zero exit. */
 NORETURN void comm_abort(Comm* c, const char* msg);
+/* Frees c's resources. The communicator of comm_bootstrap also ends MPI (when
+ * it started it); a comm_split result frees only itself. */
 void comm_finalize(Comm* c);
 
 #endif

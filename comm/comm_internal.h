@@ -7,10 +7,24 @@
 
 #include "comm.h"
 
-typedef enum { COMM_OP_ALLREDUCE = 0, COMM_OP_REDUCE_SCATTER, COMM_OP_ALLGATHER } CommOp;
+typedef enum {
+    COMM_OP_ALLREDUCE = 0,
+    COMM_OP_REDUCE_SCATTER,
+    COMM_OP_ALLGATHER,
+    COMM_OP_SEND,
+    COMM_OP_RECV
+} CommOp;
 
-/* "all-reduce", "reduce-scatter", "all-gather" */
+/* "all-reduce", "reduce-scatter", "all-gather", "send", "receive" */
 const char* comm_op_name(CommOp op);
+/* The global rank (in the job) of rank r of c. */
+int comm_global_rank(Comm* c, int r);
+/* Describes a transfer for messages: "send of N elements to rank P (global
+ * rank G), tag T" or "receive of ... from ...". */
+void comm_p2p_describe(Comm* c, char* out, size_t outsz, CommOp op, size_t count, int peer, int tag);
+/* Blocking, bounded all-gather of host bytes: every rank's `bytes` bytes at
+ * mine land at all + rank * bytes on every rank of c. Collective over c. */
+void comm_allgather_host(Comm* c, const void* mine, void* all, size_t bytes);
 /* Like comm_abort, with a printf-style message. */
 NORETURN void comm_abortf(Comm* c, const char* fmt, ...) PRINTF_LIKE(2, 3);
 /* Sleep for about us microseconds (the poll interval of every bounded wait). */
@@ -27,12 +41,23 @@ CommNccl* comm_nccl_create(Comm* c);
 void comm_nccl_start(Comm* c, CommNccl* n, CommOp op, void* buf, size_t count, DType dt,
                      int average, CommHandle* h);
 /* Poll the handle's completion event and NCCL's async error until done or
- * c->timeout_s; then the compute stream waits on the collective. */
+ * c->timeout_s; then the compute stream waits on the collective (or transfer). */
 void comm_nccl_wait(Comm* c, CommNccl* n, CommHandle* h);
-/* ncclCommAbort (used before ending the ranks after a failure). */
+/* ncclCommAbort of every NCCL communicator of n (used before ending the
+ * ranks after a failure). */
 void comm_nccl_abort(CommNccl* n);
-/* ncclCommFinalize + ncclCommDestroy; frees n. */
+/* ncclCommFinalize + ncclCommDestroy of every NCCL communicator of n, and its
+ * streams; frees n. */
 void comm_nccl_destroy(Comm* c, CommNccl* n);
+/* Collective over c (world >= 2): the point-to-point channels of n, one per
+ * direction and ring neighbour, each a 2-rank NCCL communicator (sender rank
+ * 0, receiver rank 1) with a stream of its own. */
+void comm_nccl_p2p_setup(Comm* c, CommNccl* n);
+/* ncclSend (op COMM_OP_SEND) or ncclRecv on the channel to / from peer, on the
+ * channel's stream after the compute stream's work so far; comm_nccl_wait
+ * completes h. count > 0; peer is a neighbour (checked by the caller). */
+void comm_nccl_p2p_start(Comm* c, CommNccl* n, CommOp op, void* buf, size_t count, DType dt, int peer,
+                         int tag, CommHandle* h);
 
 /* ---- CUDA helpers of the MPI backend's staging path (comm_nccl.c) ---- */
 int comm_cuda_device_count(void);               /* 0 when none or on error */
