@@ -226,7 +226,7 @@ static void trainer_report(Trainer* t) {
                t->rank, mb(mt->current[MEM_PARAMS]), mb(mt->current[MEM_GRADS]), mb(mt->current[MEM_MASTER]),
                mb(mt->current[MEM_ADAM_M]), mb(mt->current[MEM_ADAM_V]), mb(mt->current[MEM_ACTIVATIONS]), opt_bytes,
                t->opt.nstate, held, (double)opt_bytes / (double)held);
-        if (pp->P > 1) pipeline_print_chunks(pp, stdout);
+        if (pp->P > 1) pipeline_print_chunks(pp, &t->opt, stdout);
         fflush(stdout);
     }
     comm_barrier(&t->comm);

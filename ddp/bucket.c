@@ -37,6 +37,7 @@ void bucket_reduce_launch(Bucket* b, Comm* comm, void* grads, DType dt, int allr
         comm_reduce_scatter(comm, grads, b->lb->len, dt, 0, &b->reduce);
     b->launch_time = wall_time_s() - t0;
     b->launched = 1;
+    b->nlaunch++;
 }
 
 void bucket_gather_launch(Bucket* b, Comm* comm, void* params, DType dt) {

@@ -23,6 +23,7 @@ typedef struct {
     /* gradient reduction */
     int pending;               /* parameters not yet marked ready in this micro-step */
     int launched;              /* its reduction was launched in this micro-step */
+    int nlaunch;               /* reductions launched since the last ddp_finish_reductions */
     CommHandle reduce;         /* all-reduce (stage 0) or reduce-scatter (stages 1, 2) */
     double launch_time;        /* seconds after the start of the micro-step */
     /* param all-gather (stages 1, 2) */

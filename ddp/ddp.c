@@ -125,7 +125,8 @@ void ddp_finish_reductions(DDP* d) {
     for (int b = 0; b < L->nbuckets; b++) {
         if (d->buckets[b].pending != 0)
             fatal("internal: bucket %d has %d parameters never marked ready", b, d->buckets[b].pending);
-        if (!d->buckets[b].launched) fatal("internal: bucket %d was never launched", b);
+        if (!d->buckets[b].nlaunch) fatal("internal: bucket %d was never launched", b);
+        d->buckets[b].nlaunch = 0;
     }
     if (d->sharded) {
         grad_shard_drain(&d->shard, d->buckets);

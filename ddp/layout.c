@@ -323,6 +323,7 @@ OptPiece* layout_opt_pieces(const Layout* L, int rank, int* n) {
         for (int p = 0; p < L->nparams; p++) {
             out[p].buf_off = L->params[p].offset;
             out[p].grad_off = L->params[p].offset;
+            out[p].rng_off = L->params[p].offset;
             out[p].state_off = state;
             out[p].len = L->params[p].numel;
             out[p].decay = L->params[p].decay;
@@ -336,6 +337,7 @@ OptPiece* layout_opt_pieces(const Layout* L, int rank, int* n) {
     for (int k = a; k < b; k++) {
         out[k - a].buf_off = L->pieces[k].buf_off;
         out[k - a].grad_off = L->pieces[k].buf_off;
+        out[k - a].rng_off = L->pieces[k].buf_off;
         out[k - a].state_off = L->pieces[k].state_off;
         out[k - a].len = L->pieces[k].len;
         out[k - a].decay = L->pieces[k].decay;

@@ -39,6 +39,10 @@ typedef struct {
     size_t grad_off;   /* element offset of its gradient in the gradient buffer handed to the
                         * kernel: buf_off in a full flat gradient buffer, or its place in a
                         * ZeRO-2 gradient shard */
+    size_t rng_off;    /* the index of its first element for bf16 stochastic rounding (the
+                        * rounding of element j hashes rng_off + j): buf_off, except where two
+                        * ranks hold copies of one tensor at different offsets and must round
+                        * them alike (a tied embedding across pipeline stages) */
     size_t state_off;  /* element offset in this rank's optimizer state (master, m, v) */
     size_t len;        /* elements */
     int decay;         /* 1: apply weight decay (matmul weights, embeddings) */

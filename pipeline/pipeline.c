@@ -68,7 +68,7 @@ void pipeline_init(Pipeline* pp, Comm* world, Backend* be, const GPT2Config* cfg
         ch->v = v;
         ch->c = v * P + pp->p;
         ch->last_bwd = pp_last_backward(pp->ops, pp->nops, v);
-        ch->launch_op = -1;
+        ch->first_launch_op = ch->last_launch_op = -1;
         GPT2* m = &ch->model;
         if (P * V > 1)
             m->part = (GPT2Part){.layer_first = pp->first_layer[ch->c],
@@ -108,8 +108,11 @@ void pipeline_setup_ddp(Pipeline* pp, const PipelineConfig* pc, OptBuffer* bufs)
         size_t lo = te->buf_off, hi = te->buf_off + te->numel;
         ch->tied = xmalloc(sizeof(OptPiece) * (size_t)(bufs[v].npieces ? bufs[v].npieces : 1));
         for (int k = 0; k < bufs[v].npieces; k++) {
-            const OptPiece* pc2 = &bufs[v].pieces[k];
-            if (pc2->buf_off >= lo && pc2->buf_off + pc2->len <= hi) ch->tied[ch->ntied++] = *pc2;
+            OptPiece* pc2 = &bufs[v].pieces[k];
+            if (pc2->buf_off < lo || pc2->buf_off + pc2->len > hi) continue;
+            /* bf16 rounding by the index within wte, the same on both stages */
+            pc2->rng_off = pc2->buf_off - lo;
+            ch->tied[ch->ntied++] = *pc2;
         }
         if (is_last(pp, ch)) ddp_norm_skip(&ch->ddp, lo, hi);
     }
@@ -158,14 +161,16 @@ static void run_backward(Pipeline* pp, PPChunk* ch, const PPOp* op, int op_index
     const size_t n = act_elems(pp, ch);
     gpt2_use_slot(m, op->slot);
     int launch = pp->reduce_early ? op->micro == 0 : op_index == ch->last_bwd;
-    int launched_before = ch->ddp.buckets[0].launched;
     ddp_begin_micro_step(&ch->ddp, launch);
     if (!is_last(pp, ch)) {
         int c = ch->c + 1;
         recv_wait(pp, gpt2_dres(m), n, rank_of(pp, c), msg_tag(pp, ch->v, op->micro, 1));
     }
     gpt2_backward(m, ddp_param_ready, &ch->ddp);
-    if (ch->launch_op < 0 && !launched_before && ch->ddp.buckets[0].launched) ch->launch_op = op_index;
+    if (ch->ddp.buckets[0].launched) {   /* (every bucket completes in every backward: all launched or none) */
+        if (ch->first_launch_op < 0) ch->first_launch_op = op_index;
+        ch->last_launch_op = op_index;
+    }
     if (is_first(pp, ch)) return;
     int c = ch->c - 1;
     int k = (is_last(pp, ch) ? 0 : pp->m) + op->micro;
@@ -176,7 +181,7 @@ double pipeline_forward_backward(Pipeline* pp, DataLoader* dl, uint64_t first_ro
                                  int* targets) {
     double loss_sum = 0.0;
     pp->wait_s = 0.0;
-    for (int v = 0; v < pp->V; v++) pp->chunks[v].launch_op = -1;
+    for (int v = 0; v < pp->V; v++) pp->chunks[v].first_launch_op = pp->chunks[v].last_launch_op = -1;
     for (int k = 0; k < pp->nops; k++) {
         const PPOp* op = &pp->ops[k];
         PPChunk* ch = &pp->chunks[op->chunk];
@@ -301,17 +306,19 @@ void pipeline_print_grid(const Pipeline* pp, FILE* f) {
     }
 }
 
-void pipeline_print_chunks(const Pipeline* pp, FILE* f) {
+void pipeline_print_chunks(const Pipeline* pp, const Optimizer* opt, FILE* f) {
     size_t es = es_of(pp);
     for (int v = 0; v < pp->V; v++) {
         const PPChunk* ch = &pp->chunks[v];
         const GPT2* m = &ch->model;
         size_t grads = ch->ddp.cfg.zero_stage == 2 ? ch->ddp.shard.elems * es : ch->layout.total * es;
-        fprintf(f, "rank %d chunk %d (layers %d-%d%s%s): %zu params, params %.2f MB, grads %.2f MB, activations "
-                "%.2f MB (%d micro-batch slot(s)), transfer buffers %.2f MB\n",
+        size_t state = 0;   /* fp32 master, m, v of the chunk's pieces */
+        for (int k = 0; k < opt->bufs[v].npieces; k++) state += 12 * opt->bufs[v].pieces[k].len;
+        fprintf(f, "rank %d chunk %d (layers %d-%d%s%s): %zu params, params %.2f MB, grads %.2f MB, optimizer "
+                "state %.2f MB, activations %.2f MB (peak: %d micro-batch slot(s)), transfer buffers %.2f MB\n",
                 pp->world->rank, ch->c, m->part.layer_first, m->part.layer_first + m->part.layer_count - 1,
                 m->part.has_embed ? " + embeddings" : "", m->part.has_head ? " + head" : "", m->part_parameters,
-                (double)(ch->layout.total * es) / 1048576.0, (double)grads / 1048576.0,
+                (double)(ch->layout.total * es) / 1048576.0, (double)grads / 1048576.0, (double)state / 1048576.0,
                 (double)m->acts_bytes / 1048576.0, m->nslots, (double)ch->send_bytes / 1048576.0);
     }
 }
@@ -320,8 +327,9 @@ void pipeline_overlap_report(const Pipeline* pp, FILE* f) {
     for (int v = 0; v < pp->V; v++) {
         const PPChunk* ch = &pp->chunks[v];
         int lb = ch->last_bwd;
-        fprintf(f, "rank %d chunk %d: reductions launched during op %d, its last backward is op %d (micro-batch %d)\n",
-                pp->world->rank, ch->c, ch->launch_op, lb, lb >= 0 ? pp->ops[lb].micro : -1);
+        fprintf(f, "rank %d chunk %d: reductions launched during ops %d..%d, its last backward is op %d (micro-batch "
+                "%d)\n", pp->world->rank, ch->c, ch->first_launch_op, ch->last_launch_op, lb,
+                lb >= 0 ? pp->ops[lb].micro : -1);
     }
 }
 

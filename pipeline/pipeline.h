@@ -62,7 +62,9 @@ typedef struct {
     size_t send_bytes;         /* bytes of send buffers allocated */
     OptPiece* tied;            /* pieces (of the optimizer's) of the tied wte to sum over emb */
     int ntied;
-    int launch_op;             /* op index during which its first reduction launched, -1 none */
+    int first_launch_op;       /* op indices of the backwards that launched reductions in the last */
+    int last_launch_op;        /* step (-1: none): at zero_stage 0/1 only the chunk's last backward;
+                                * at zero_stage 2 every backward, the last being the last backward */
 } PPChunk;
 
 typedef struct {
@@ -124,9 +126,11 @@ void pipeline_sample(Pipeline* pp, const Tokenizer* tok, int ntokens, uint64_t s
 /* Testing aid: fatal on every rank unless the two copies of the tied
  * embedding are bit-identical (P > 1; no-op otherwise). */
 void pipeline_check_tied(Pipeline* pp);
-/* Start-up lines: the grid (rank 0) and, per rank in turn, its chunks. */
+/* Start-up lines: the grid (rank 0) and, per rank in turn, its chunks (layers,
+ * parameters, params, grads, optimizer state, activations and their slots,
+ * transfer buffers). */
 void pipeline_print_grid(const Pipeline* pp, FILE* f);
-void pipeline_print_chunks(const Pipeline* pp, FILE* f);
+void pipeline_print_chunks(const Pipeline* pp, const Optimizer* opt, FILE* f);
 /* After a step: per chunk, when its reductions launched against its last backward. */
 void pipeline_overlap_report(const Pipeline* pp, FILE* f);
 void pipeline_free(Pipeline* pp);

@@ -1177,6 +1177,7 @@ static int make_pieces(Rng* r, OptPiece* pc, size_t* buf_len, size_t* state_len)
     for (int i = 0; i < np; i++) {
         pc[i].buf_off = off;
         pc[i].grad_off = off;
+        pc[i].rng_off = off;
         pc[i].state_off = st;
         pc[i].len = lens[i];
         pc[i].decay = (int)(rng_u64(r) & 1);

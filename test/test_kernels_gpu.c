@@ -735,11 +735,11 @@ static void t_optimizer(Ctx* cx) {
     /* a param buffer with gaps, pieces at odd offsets, state offsets packed */
     const size_t P = 70001;
     OptPiece pieces[5] = {
-        {.buf_off = 0, .grad_off = 0, .state_off = 0, .len = 1000, .decay = 1},
-        {.buf_off = 1003, .grad_off = 1003, .state_off = 1000, .len = 20000, .decay = 0},
-        {.buf_off = 21011, .grad_off = 21011, .state_off = 21000, .len = 37, .decay = 1},
-        {.buf_off = 21100, .grad_off = 21100, .state_off = 21037, .len = 40000, .decay = 1},
-        {.buf_off = 61200, .grad_off = 61200, .state_off = 61037, .len = 8000, .decay = 0},
+        {.buf_off = 0, .grad_off = 0, .rng_off = 0, .state_off = 0, .len = 1000, .decay = 1},
+        {.buf_off = 1003, .grad_off = 1003, .rng_off = 1003, .state_off = 1000, .len = 20000, .decay = 0},
+        {.buf_off = 21011, .grad_off = 21011, .rng_off = 21011, .state_off = 21000, .len = 37, .decay = 1},
+        {.buf_off = 21100, .grad_off = 21100, .rng_off = 21100, .state_off = 21037, .len = 40000, .decay = 1},
+        {.buf_off = 61200, .grad_off = 61200, .rng_off = 61200, .state_off = 61037, .len = 8000, .decay = 0},
     };
     const int np = 5;
     const size_t S = 69037;
@@ -1059,7 +1059,7 @@ static void run_bench(void) {
     b.master = g->alloc(g, b.P * 4, MEM_MASTER);
     b.m = g->alloc(g, b.P * 4, MEM_ADAM_M);
     b.v = g->alloc(g, b.P * 4, MEM_ADAM_V);
-    b.piece = (OptPiece){.buf_off = 0, .grad_off = 0, .state_off = 0, .len = b.P, .decay = 1};
+    b.piece = (OptPiece){.buf_off = 0, .grad_off = 0, .rng_off = 0, .state_off = 0, .len = b.P, .decay = 1};
     bench_fill(g, b.x1, act / 2, 1.0f, &r);
     bench_fill(g, b.x2, act / 2, 1.0f, &r);
     bench_fill(g, b.x3, act / 2, 1.0f, &r);

@@ -80,8 +80,8 @@ for mdl in $MODEL $DEEP; do for P in 1 2 4; do for S in 1f1b gpipe; do
         if [ $P = 1 ]; then
             a0=$(grep -o 'activations [0-9.]* MB' "$out.out" | head -1 | awk '{ print $2 }'); a1=$a0
         else
-            a0=$(grep "^rank 0 chunk" "$out.out" | sed 's/.*activations \([0-9.]*\) MB (\([0-9]*\) .*/\1 (\2 slots)/' | head -1)
-            a1=$(grep "^rank $((P - 1)) chunk" "$out.out" | sed 's/.*activations \([0-9.]*\) MB (\([0-9]*\) .*/\1 (\2 slots)/' | head -1)
+            a0=$(grep "^rank 0 chunk" "$out.out" | sed 's/.*activations \([0-9.]*\) MB (peak: \([0-9]*\) .*/\1 (\2 slots)/' | head -1)
+            a1=$(grep "^rank $((P - 1)) chunk" "$out.out" | sed 's/.*activations \([0-9.]*\) MB (peak: \([0-9]*\) .*/\1 (\2 slots)/' | head -1)
         fi
         peak=$(grep -o '"peak_alloc_mb":[^,]*' "$out/log.jsonl" | tail -1 | cut -d: -f2)
         echo "| $mdl | $P | $S | $a0 | $a1 | $peak |"

@@ -9,7 +9,8 @@
  *    in chunk order. Deterministic and independent of the GPU's size.
  *  - AdamW: the gradient read at grad_off, fp32 master/m/v at state_off;
  *    the new param is written at buf_off: exactly the fp32 master, or bf16 with stochastic rounding whose
- *    random bits are a hash of (seed, index in the param buffer), so a run is
+ *    random bits are a hash of (seed, rng_off + j: the element's index in the
+ *    param buffer, or within a tied tensor held on two ranks), so a run is
  *    repeatable and independent of how the buffer is split among ranks. */
 #include "common.cuh"
 
@@ -23,6 +24,7 @@
 struct DevChunk {
     unsigned long long buf_off;
     unsigned long long grad_off;
+    unsigned long long rng_off;
     unsigned long long state_off;
     unsigned int len;
     int decay;
@@ -43,6 +45,7 @@ static DevChunk* chunk_table(Backend* be, const OptPiece* pieces, int npieces) {
             size_t len = pieces[i].len - o < ADAM_CHUNK ? pieces[i].len - o : ADAM_CHUNK;
             h[k].buf_off = pieces[i].buf_off + o;
             h[k].grad_off = pieces[i].grad_off + o;
+            h[k].rng_off = pieces[i].rng_off + o;
             h[k].state_off = pieces[i].state_off + o;
             h[k].len = (unsigned)len;
             h[k].decay = pieces[i].decay;
@@ -190,7 +193,7 @@ __global__ void __launch_bounds__(ADAM_THREADS)
         m[si] = mm;
         v[si] = vv;
         master[si] = w;
-        params[bi] = param_round<T>(w, a.seed, bi);
+        params[bi] = param_round<T>(w, a.seed, ch.rng_off + i);
     }
 }
 
