@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# test/test_comm.sh — runs test_comm (the communicator's tests) under mpirun
-# for several world sizes, then the error and fault cases: every rank must end,
-# non-zero and promptly, with a clear message, and mpirun must never hang.
+# test/test_comm.sh — runs test_comm (the communicator's tests: collectives,
+# sub-communicators, point-to-point transfers) under mpirun for several world
+# sizes, then the error and fault cases: every rank must end, non-zero and
+# promptly, with a clear message, and mpirun must never hang.
 #
 #   bash test/test_comm.sh [path/to/test_comm] [--gpu]   (default: build/test_comm)
 #
 # With --gpu (a binary built with CUDA, on a machine with a GPU) it also runs
 # the device cases: NCCL, the MPI backend staging device buffers through
-# pinned memory (several ranks on one GPU), and the GPU-sharing error.
+# pinned memory (several ranks on one GPU), and the GPU-sharing error; with
+# 2+ GPUs also NCCL's sub-communicators and point-to-point channels, and their
+# faults.
 #
 # Prints one line per case and ends with "test_comm: N passed, N failed".
 set -u
@@ -94,6 +97,17 @@ expect_fail "np=2 --comm xyz" 15000 "--comm: unknown value 'xyz' (expected auto,
     $MPIRUN -np 2 "$BIN" --comm xyz
 expect_fail "np=2 --comm nccl on the CPU" 15000 "--comm nccl needs --device cuda" \
     $MPIRUN -np 2 "$BIN" --comm nccl
+expect_fail "np=1 send at world 1 (one pipeline stage)" 15000 "comm_send: this communicator has one rank, so no peer" \
+    $MPIRUN -np 1 "$BIN" --case p2p_world1
+expect_fail "np=2 send before comm_p2p_setup" 15000 "call comm_p2p_setup on every rank" \
+    $MPIRUN -np 2 "$BIN" --case p2p_nosetup
+expect_fail "np=4 send to a rank that is not a neighbour" 15000 "comm_send: peer 2 is not a neighbour of rank 0" \
+    $MPIRUN -np 4 "$BIN" --case p2p_notneighbour
+expect_fail "np=2 receives posted in another order than the sends" 15000 \
+    "tag 2: the message that arrived has tag 1 and 10 elements: sends and receives between two ranks must be posted in the same order" \
+    $MPIRUN -np 2 "$BIN" --case p2p_order
+expect_fail "np=2 receive shorter than its send" 15000 "the peer sent more elements than this receive expects" \
+    $MPIRUN -np 2 "$BIN" --case p2p_count
 
 # ---- faults
 # (a) a rank stalls before a collective: the others time out after 3 s and abort all
@@ -109,6 +123,20 @@ expect_fail "np=3 rank 1 calls fatal()" 10000 "injected fatal error on rank 1" \
 # (c) a rank dies by SIGKILL: mpirun ends the job, at the latest through our timeout
 expect_fail "np=3 rank 0 killed by SIGKILL, --timeout 10" 20000 "" \
     $MPIRUN -np 3 "$BIN" --fault kill --fault_rank 0 --timeout 10
+# (d) a pipeline peer never sends: its right neighbour's receive times out after
+# 3 s, naming the transfer and the peer; the ranks that got their message sleep
+# outside MPI, so the abort is what ends them
+expect_fail "np=3 rank 1 never sends, --timeout 3" 15000 \
+    "receive of 1000 elements from rank 1 of 3 (global rank 1), tag 0 did not complete within 3 s" \
+    $MPIRUN -np 3 "$BIN" --fault nosend --fault_rank 1 --timeout 3
+if [ "$RC" -ne 0 ] && [ "$MS" -lt 3000 ]; then
+    bad "np=3 rank 1 never sends: ended after ${MS} ms, before the 3 s timeout could fire" "$LOG/np=3 rank 1 never sends, --timeout 3"
+fi
+# (e) a rank stalls in a sub-communicator (groups {0, 2} and {1}): the stall in
+# one group ends the whole job, rank 1 of the other group included
+expect_fail "np=3 rank 2 stalls in its group, --timeout 3" 15000 \
+    "all-reduce of 1000 elements did not complete within 3 s: a peer rank died or stalled" \
+    $MPIRUN -np 3 "$BIN" --fault group_sleep --fault_rank 2 --timeout 3
 
 # ---- device cases
 if [ "$GPU" -eq 1 ]; then
@@ -121,12 +149,26 @@ if [ "$GPU" -eq 1 ]; then
         expect_pass "cuda np=2 --comm nccl" $MPIRUN -np 2 "$BIN" --device cuda --comm nccl
         expect_fail "cuda np=2 nccl, rank 1 stalls, --timeout 3" 20000 "did not complete within 3 s" \
             $MPIRUN -np 2 "$BIN" --device cuda --comm nccl --fault sleep --fault_rank 1 --timeout 3
+        expect_fail "cuda np=2 nccl, rank 1 never sends, --timeout 3" 20000 \
+            "nccl receive of 1000 elements from rank 1 of 2 (global rank 1), tag 0 did not complete within 3 s" \
+            $MPIRUN -np 2 "$BIN" --device cuda --comm nccl --fault nosend --fault_rank 1 --timeout 3
+    fi
+    if [ "$NGPU" -ge 3 ]; then
+        expect_pass "cuda np=3 --comm nccl" $MPIRUN -np 3 "$BIN" --device cuda --comm nccl
+        expect_fail "cuda np=3 nccl, rank 2 stalls in its group, --timeout 3" 20000 "did not complete within 3 s" \
+            $MPIRUN -np 3 "$BIN" --device cuda --comm nccl --fault group_sleep --fault_rank 2 --timeout 3
+    fi
+    if [ "$NGPU" -ge 4 ]; then
+        expect_pass "cuda np=4 --comm nccl" $MPIRUN -np 4 "$BIN" --device cuda --comm nccl
     fi
     np=$((NGPU + 1))
     expect_fail "cuda np=$np --comm nccl on $NGPU GPU(s)" 20000 "share $NGPU GPU(s) on this host" \
         $MPIRUN -np $np "$BIN" --device cuda --comm nccl
     expect_fail "cuda np=2 staged mpi, rank 1 stalls, --timeout 3" 20000 "did not complete within 3 s" \
         $MPIRUN -np 2 "$BIN" --device cuda --comm mpi --fault sleep --fault_rank 1 --timeout 3
+    expect_fail "cuda np=2 staged mpi, rank 1 never sends, --timeout 3" 20000 \
+        "receive of 1000 elements from rank 1 of 2 (global rank 1), tag 0 did not complete within 3 s" \
+        $MPIRUN -np 2 "$BIN" --device cuda --comm mpi --fault nosend --fault_rank 1 --timeout 3
 fi
 
 echo "test_comm: $pass passed, $fail failed"
