@@ -49,7 +49,11 @@
  * they never match anything else. Sends carry the caller's tag as the MPI tag;
  * receives take MPI_ANY_TAG from their peer, so that MPI's non-overtaking rule
  * matches them in posting order exactly as NCCL does, and comm_wait checks the
- * tag and the element count the message arrived with.
+ * tag and the element count the message arrived with. Device buffers: comm_send
+ * copies the buffer to pinned memory after the compute stream's work so far
+ * (the host waits for it) before MPI_Isend; a receive lands in pinned memory,
+ * and comm_wait copies it to the device after the compute stream's work so far
+ * (the host waits for that too), then the compute stream waits on the copy.
  */
 #include "comm.h"
 #include "comm_internal.h"
@@ -606,9 +610,9 @@ static void comm_mpi_finish(Comm* c, CommHandle* h) {
     if (m->device) {
 #ifdef USE_CUDA
         if (r->op == COMM_OP_REDUCE_SCATTER)
-            comm_cuda_to_device(c, (char*)r->buf + own_off, (const char*)r->host + own_off, r->slice * es);
+            comm_cuda_to_device(c, (char*)r->buf + own_off, (const char*)r->host + own_off, r->slice * es, 0);
         else
-            comm_cuda_to_device(c, r->buf, r->host, r->count * es);
+            comm_cuda_to_device(c, r->buf, r->host, r->count * es, 0);
         comm_scratch_put(c, r->host);
 #endif
     }
@@ -678,7 +682,9 @@ static void comm_mpi_p2p_finish(Comm* c, CommHandle* h) {
     }
     if (m->device) {
 #ifdef USE_CUDA
-        if (r->op == COMM_OP_RECV) comm_cuda_to_device(c, r->buf, r->host, r->count * dtype_size(r->dt));
+        /* after what the compute stream has queued, as comm.h promises: the receive
+         * writes buf only now, and work queued before comm_recv may still read it */
+        if (r->op == COMM_OP_RECV) comm_cuda_to_device(c, r->buf, r->host, r->count * dtype_size(r->dt), 1);
         comm_scratch_put(c, r->host);
 #endif
     }

@@ -108,9 +108,11 @@ int comm_split(Comm* parent, int color, int key, Comm* out);
 
 /* Point-to-point transfers between ring neighbours (pipeline stages):
  *
- *   comm_p2p_setup(c)      collective over c, once, before the first comm_send or
- *                          comm_recv on c (they end the job with a message
- *                          otherwise). Connects every rank to its neighbours
+ *   comm_p2p_setup(c)      collective over c (every rank, in the same order
+ *                          relative to c's other collectives), once, before
+ *                          the first comm_send or comm_recv on c (they end
+ *                          the job with a message otherwise; a second call
+ *                          does nothing). Connects every rank to its neighbours
  *                          (rank + 1) % world and (rank - 1 + world) % world,
  *                          the only peers that comm_send/comm_recv accept.
  *                          At world 1 it does nothing (there is no peer).
@@ -119,7 +121,8 @@ int comm_split(Comm* parent, int color, int key, Comm* out);
  *                          peer.
  *
  * peer is a rank within c; tag (>= 0) is the caller's label of the message
- * (say chunk, micro-batch and direction). Both return at once with h active;
+ * (say chunk, micro-batch and direction; the MPI backend compares it modulo
+ * MPI_TAG_UB + 1, at least 32768). Both return at once with h active;
  * comm_wait(c, h) completes the transfer (fatal after timeout_s, naming the
  * operation and the peer, ending every rank), comm_progress(c, h) moves it on.
  * Any number of sends and receives may be in flight on c at once, to and from
@@ -133,12 +136,13 @@ int comm_split(Comm* parent, int color, int key, Comm* out);
  *    mismatch; NCCL checks nothing (a mismatch corrupts data or hangs until the
  *    timeout), so a schedule is first tried on the MPI backend.
  *  - Streams of different pairs, and the two directions of one pair, are
- *    independent: a sending to b while b sends to a, in any order of posting,
- *    cannot deadlock.
+ *    independent: a may send to b while b sends to a, both posted in any
+ *    order, without deadlock.
  *  - A send may complete only once the peer has posted the matching receive
  *    (no buffering is promised). So do not comm_wait on a transfer whose
  *    matching operation the peer posts only after something this rank does
- *    after that wait. Posting itself never waits for a peer.
+ *    after that wait. Posting itself never waits for a peer (the MPI
+ *    backend's device staging of a send waits for the local compute stream).
  *  - buf is the transfer's until comm_wait(h) returns: not written (send) or
  *    not read or written (receive) before then. On a device backend buf is a
  *    device pointer: the send reads it after the work the compute stream had
@@ -158,10 +162,14 @@ int comm_split(Comm* parent, int color, int key, Comm* out);
  * the host before MPI_Isend, the receive copies to the device in comm_wait).
  * nccl: one 2-rank NCCL communicator and one CUDA stream per direction and
  * neighbour (so that the directions never queue behind each other), ncclSend
- * and ncclRecv ordered after the compute stream by an event. NCCL kernels wait
- * on the GPU for their peer: a device-synchronising CUDA call (cudaMalloc,
- * cudaFree, cudaDeviceSynchronize) while a transfer is in flight can wait for
- * a peer that waits for this rank; allocate before the transfers start. */
+ * and ncclRecv ordered after the compute stream by an event; the tag and the
+ * count are not checked. NCCL kernels wait on the GPU for their peer: a
+ * device-synchronising CUDA call (cudaMalloc, cudaFree, cudaDeviceSynchronize)
+ * while a transfer is in flight can wait for a peer that waits for this rank;
+ * allocate before the transfers start. Collectives of other communicators
+ * (the data-parallel group's) may be in flight at the same time, on the comm
+ * stream: this relies on the GPU running the kernels of different NCCL
+ * communicators side by side (each takes a few multiprocessors). */
 void comm_p2p_setup(Comm* c);
 void comm_send(Comm* c, const void* buf, size_t count, DType dt, int peer, int tag, CommHandle* h);
 void comm_recv(Comm* c, void* buf, size_t count, DType dt, int peer, int tag, CommHandle* h);

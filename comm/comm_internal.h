@@ -67,8 +67,10 @@ void comm_cuda_host_free(void* p);
  * returns when the copy is done. */
 void comm_cuda_to_host(Comm* c, void* host, const void* dev, size_t bytes);
 /* host -> dev on the comm stream; the compute stream waits on the copy; returns
- * when the copy is done (so the host buffer may be reused). */
-void comm_cuda_to_device(Comm* c, void* dev, const void* host, size_t bytes);
+ * when the copy is done (so the host buffer may be reused). after_compute: the
+ * copy also waits for the work the compute stream has queued so far (a
+ * received transfer, whose buffer that work may still read). */
+void comm_cuda_to_device(Comm* c, void* dev, const void* host, size_t bytes, int after_compute);
 #endif
 
 #endif

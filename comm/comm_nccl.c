@@ -429,10 +429,14 @@ void comm_cuda_to_host(Comm* c, void* host, const void* dev, size_t bytes) {
     cudaEventDestroy(e);
 }
 
-void comm_cuda_to_device(Comm* c, void* dev, const void* host, size_t bytes) {
+void comm_cuda_to_device(Comm* c, void* dev, const void* host, size_t bytes, int after_compute) {
     cudaStream_t cs = comm_stream_of(c);
     cudaEvent_t e;
     COMM_CUDA_CHECK(c, cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    if (after_compute) {
+        COMM_CUDA_CHECK(c, cudaEventRecord(e, compute_stream_of(c)));
+        COMM_CUDA_CHECK(c, cudaStreamWaitEvent(cs, e, 0));
+    }
     COMM_CUDA_CHECK(c, cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, cs));
     COMM_CUDA_CHECK(c, cudaEventRecord(e, cs));
     COMM_CUDA_CHECK(c, cudaStreamWaitEvent(compute_stream_of(c), e, 0));
