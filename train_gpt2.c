@@ -391,7 +391,7 @@ int main(int argc, char** argv) {
     else fatal("--dtype: unknown value '%s' (expected auto, fp32 or bf16)", a.dtype);
     if (!use_cuda && dt == DTYPE_BF16) fatal("--dtype bf16 needs --device cuda (the CPU backend computes in fp32)");
     if (!use_cuda && a.tf32) fatal("--tf32 1 needs --device cuda");
-    Backend* be = use_cuda ? backend_cuda_create(dt, comm.local_rank, a.tf32) : backend_cpu_create();
+    Backend* be = use_cuda ? backend_cuda_create(dt, comm.device_index, a.tf32) : backend_cpu_create();
     comm_setup(&comm, a.comm, be, a.comm_timeout);
 
     /* ---- model shape ---- */
