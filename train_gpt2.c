@@ -42,6 +42,7 @@
 #include "data/dataloader.h"
 #include "data/tokenizer.h"
 #include "checkpoint/checkpoint.h"
+#include "common/threads.h"
 
 /* ------------------------------------------------------------------------ */
 /* Flags                                                                     */
@@ -377,6 +378,8 @@ int main(int argc, char** argv) {
     if (strcmp(a.save_dtype, "fp32") == 0) save_version = 3;
     else if (strcmp(a.save_dtype, "bf16") == 0) save_version = 5;
     else fatal("--save_dtype: unknown value '%s' (expected fp32 or bf16)", a.save_dtype);
+
+    threads_setup(&comm);    /* OpenMP threads per rank, printed per rank (common/threads.h) */
 
     /* ---- compute backend ---- */
     int use_cuda;
