@@ -43,6 +43,7 @@
 #include "data/tokenizer.h"
 #include "checkpoint/checkpoint.h"
 #include "common/threads.h"
+#include "common/stop_signal.h"
 
 /* ------------------------------------------------------------------------ */
 /* Flags                                                                     */
@@ -59,6 +60,7 @@ typedef struct {
     long long bucket_size;
     float comm_timeout;
     int checkpoint_every, resume, checkpoints_keep, max_bad_steps;
+    int checkpoint_on_signal;   /* SIGTERM/SIGUSR1: save at the next step boundary, exit 75 (common/stop_signal.h) */
     int inject_nan_at_step, inject_nan_steps;
     int overlap_param_gather;   /* ZeRO-1/2: all-gather overlapped with the next forward */
     const char* gather_order;   /* testing: forward | reverse launch order of the all-gathers */
@@ -161,6 +163,7 @@ static int make_flags(Args* a, Flag* f) {
     FL("seed", F_INT, &a->seed, "seed of weight init, data shuffle and sampling");
     FL("checkpoint_every", F_INT, &a->checkpoint_every, "save a checkpoint in --output_dir every K steps and at the end (0 = never)");
     FL("resume", F_SWITCH, &a->resume, "continue from the newest complete checkpoint in --output_dir, at any number of ranks (takes no value)");
+    FL("checkpoint_on_signal", F_SWITCH, &a->checkpoint_on_signal, "on SIGTERM or SIGUSR1 (any rank): stop after the step in progress, save a checkpoint in --output_dir and exit 75, for --resume (without it: exit 128+signal, no checkpoint) (takes no value)");
     FL("checkpoints_keep", F_INT, &a->checkpoints_keep, "keep only the newest K complete checkpoints (0 = keep all)");
     FL("max_bad_steps", F_INT, &a->max_bad_steps, "stop after K steps in a row with a non-finite loss or grad norm (each is skipped)");
     FL("inject_nan_at_step", F_INT, &a->inject_nan_at_step, "testing aid: poison steps K .. K+inject_nan_steps-1 (as printed, from 1) on the last rank, alternately a NaN gradient and an infinite loss (0 = off)");
@@ -353,8 +356,8 @@ int main(int argc, char** argv) {
     check_positive("--max_bad_steps", a.max_bad_steps);
     check_nonneg("--inject_nan_at_step", a.inject_nan_at_step);
     check_positive("--inject_nan_steps", a.inject_nan_steps);
-    if ((a.checkpoint_every > 0 || a.resume) && !a.output_dir[0])
-        fatal("--checkpoint_every and --resume need --output_dir (the checkpoints live there)");
+    if ((a.checkpoint_every > 0 || a.resume || a.checkpoint_on_signal) && !a.output_dir[0])
+        fatal("--checkpoint_every, --checkpoint_on_signal and --resume need --output_dir (the checkpoints live there)");
     if (a.learning_rate_decay_frac < 0 || a.learning_rate_decay_frac > 1)
         fatal("flag --learning_rate_decay_frac must be in [0, 1] (got %g)", a.learning_rate_decay_frac);
     if (a.beta1 < 0 || a.beta1 >= 1) fatal("flag --beta1 must be in [0, 1) (got %g)", a.beta1);
@@ -379,6 +382,7 @@ int main(int argc, char** argv) {
     else if (strcmp(a.save_dtype, "bf16") == 0) save_version = 5;
     else fatal("--save_dtype: unknown value '%s' (expected fp32 or bf16)", a.save_dtype);
 
+    stop_signal_install();   /* SIGTERM/SIGUSR1 from here on: stop at a step boundary (common/stop_signal.h) */
     threads_setup(&comm);    /* OpenMP threads per rank, printed per rank (common/threads.h) */
 
     /* ---- compute backend ---- */
@@ -647,6 +651,14 @@ int main(int argc, char** argv) {
         if (ckpt_due(&ck, prog.step)) {
             ddp_wait_gathers(&ddp);   /* the checkpoint reads the params */
             ckpt_save(&ck, &prog);
+        }
+        int sig = stop_signal_agree(&comm);   /* a rank got SIGTERM/SIGUSR1: every rank stops here */
+        if (sig) {
+            char saved[4200];
+            snprintf(saved, sizeof saved, "%s/ckpt_%08d", a.output_dir, prog.step);
+            if (a.checkpoint_on_signal && ck.last_step != prog.step) { ddp_wait_gathers(&ddp); ckpt_save(&ck, &prog); }
+            if (lg.f) fclose(lg.f);
+            stop_signal_exit(&comm, sig, prog.step, a.checkpoint_on_signal ? saved : NULL);
         }
     }
     ddp_wait_gathers(&ddp);   /* before anything reads the params */
