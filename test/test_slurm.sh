@@ -21,7 +21,7 @@
 # the test sends it after SIGUSR1 has reached them). The time-limit job is started first and waits
 # frozen while the other cases run (the node is declared with twice its CPUs so that it holds no
 # one back). A requeued job waits two minutes before SLURM starts it again; the test lets it start
-# at once (scontrol update StartTime=now). If a daemon cannot start, the test fails with its own
+# 2 s after the requeue (scontrol update StartTime=now). If a daemon cannot start, the test fails with its own
 # error.
 source "$(dirname "$0")/lib.sh"
 cd "$(dirname "$0")/.."
@@ -189,9 +189,17 @@ wait_job() {
     until [[ "$(job_info "$1")" =~ $2 ]]; do [ $SECONDS -gt $end ] && return 1; sleep 0.25; done
     return 0
 }
-# requeued ID: wait until the job is pending again after a requeue, then let it start now
-requeued() { wait_job "$1" "JobState=PENDING .*Restarts=1 " "${2:-60}" && scontrol update JobId="$1" StartTime=now; }
+# requeued ID [SECONDS]: wait until the job is pending again after a requeue, then let it start
+# (2 s later: slurmd refuses a start in the second of the requeue, "Job credential revoked")
+requeued() { wait_job "$1" "JobState=PENDING .*Restarts=1 " "${2:-60}" && sleep 2 && scontrol update JobId="$1" StartTime=now; }
 same_model() { cmp -s "$1/model.bin" "$2/model.bin"; }
+# check_job JOBOUT WHAT COMMAND...: check, and on failure show the end of the job's output
+check_job() {
+    local out="$1"; shift
+    local before=$FAIL
+    check "$@"
+    [ $FAIL -eq $before ] || tail -12 "$out" 2>/dev/null | sed "s|$TMP/||g; s/^/      | /"
+}
 thread_line() { grep -m1 "^rank $2: " "$1" | sed 's/^rank [0-9]*: host [^,]*, //'; }
 
 # ---- the time-limit job first: frozen, it waits for its limit while the other cases run ----
@@ -233,7 +241,7 @@ check "srun's step time within 1.5x of mpirun's ($ms_srun ms against $ms_ref ms)
 SB="$TMP/sbatch"
 id=$(submit "$SB" mpirun) || bad "sbatch refused the job"
 wait_job "$id" "JobState=(COMPLETED|FAILED|CANCELLED|TIMEOUT)" 120 || bad "sbatch: job $id did not end within 120 s"
-check "sbatch (mpirun inside, job $id): exit 0, the same $N losses as mpirun" \
+check_job "$SB.job.out" "sbatch (mpirun inside, job $id): exit 0, the same $N losses as mpirun" \
     eval '[[ "$(job_info "$id")" == *"JobState=COMPLETED"*"ExitCode=0:0"* ]] && same_losses "$SB" "$REF"'
 check "sbatch: the same final model" same_model "$SB" "$REF"
 check "sbatch: rank 1: $(thread_line "$SB.job.out" 1)" [ "$(thread_line "$SB.job.out" 1)" = "local rank 1 of 2, 1 OpenMP thread (SLURM_CPUS_PER_TASK=1)" ]
@@ -246,13 +254,13 @@ scancel "$id"
 wait_job "$id" "JobState=CANCELLED" 60 || bad "scancel: job $id not cancelled within 60 s"
 sleep 1
 stop=$(grep -m1 '^stopped by' "$CA.job.out")
-check "scancel after $steps steps: the ranks saved and exited 75: ${stop/$TMP\//}" \
+check_job "$CA.job.out" "scancel after $steps steps: the ranks saved and exited 75: ${stop/$TMP\//}" \
     eval 'grep -q "^stopped by SIGTERM after step [0-9]*: checkpoint $CA/ckpt_[0-9]* holds it" "$CA.job.out" && grep -q "^train.sbatch: the trainer exited with status 75" "$CA.job.out"'
 check "scancel: the job is not requeued" \
     eval 'grep -q "the job was cancelled: not requeued" "$CA.job.out" && [[ "$(job_info "$id")" == *"JobState=CANCELLED"*"Restarts=0"* ]]'
 id=$(submit "$CA" mpirun) || bad "scancel: sbatch refused the job submitted again"
 wait_job "$id" "JobState=(COMPLETED|FAILED|CANCELLED|TIMEOUT)" 120 || bad "scancel: the job submitted again did not end"
-check "submitted again: $(grep -o 'resume: from [^:]*' "$CA.job.out" | sed "s|$TMP/||"), the final model byte for byte the uninterrupted run's" \
+check_job "$CA.job.out" "submitted again: $(grep -o 'resume: from [^:]*' "$CA.job.out" | sed "s|$TMP/||"), the final model byte for byte the uninterrupted run's" \
     eval 'grep -q "^resume: from $CA/ckpt_" "$CA.job.out" && same_model "$CA" "$REF" && same_losses "$CA" "$REF"'
 
 # ---- the early warning: SIGUSR1 to the batch script (srun inside) ----
@@ -269,18 +277,18 @@ until usr1_pending || [ $SECONDS -gt $end ]; do sleep 0.05; done
 usr1_pending || bad "SIGUSR1 did not reach the ranks within 10 s"
 kill -CONT $pids
 requeued "$id" || bad "SIGUSR1: job $id was not requeued within 60 s ($(job_info "$id" | grep -o 'JobState=[A-Z]*'))"
-check "SIGUSR1 to the batch script after $steps steps: handed on to the ranks, which saved; the running job requeued" \
+check_job "$EW.job.out" "SIGUSR1 to the batch script after $steps steps: handed on to the ranks, which saved; the running job requeued" \
     eval 'grep -q "^stopped by SIGUSR1 after step [0-9]*: checkpoint $EW/ckpt_" "$EW.job.out" && grep -q "^train.sbatch: requeued job $id" "$EW.job.out"'
 wait_job "$id" "JobState=(COMPLETED|FAILED|CANCELLED|TIMEOUT)" 120 || bad "SIGUSR1: the requeued job did not end"
-check "the requeued job: $(grep -o 'resume: from [^:]*' "$EW.job.out" | sed "s|$TMP/||"), the final model byte for byte the uninterrupted run's" \
+check_job "$EW.job.out" "the requeued job: $(grep -o 'resume: from [^:]*' "$EW.job.out" | sed "s|$TMP/||"), the final model byte for byte the uninterrupted run's" \
     eval 'grep -q "^resume: from $EW/ckpt_" "$EW.job.out" && same_model "$EW" "$REF" && same_losses "$EW" "$REF"'
 
 # ---- the time-limit job ----
 if requeued "$tl_id" 150; then
-    check "--time=1: SIGTERM at the limit ($(( $(date +%s) - tl_t0 )) s after submission), frozen after $tl_steps steps: the ranks saved, the job was requeued" \
+    check_job "$TL.job.out" "--time=1: SIGTERM at the limit ($(( $(date +%s) - tl_t0 )) s after submission), frozen after $tl_steps steps: the ranks saved, the job was requeued" \
         eval 'grep -q "DUE TO TIME LIMIT" "$TL.job.out" && grep -q "^stopped by SIGTERM after step [0-9]*: checkpoint $TL/ckpt_" "$TL.job.out" && grep -q "^train.sbatch: requeued job $tl_id" "$TL.job.out"'
     wait_job "$tl_id" "JobState=(COMPLETED|FAILED|CANCELLED|TIMEOUT)" 120 || bad "time limit: the requeued job did not end"
-    check "the requeued job: $(grep -o 'resume: from [^:]*' "$TL.job.out" | sed "s|$TMP/||"), the final model byte for byte the uninterrupted run's" \
+    check_job "$TL.job.out" "the requeued job: $(grep -o 'resume: from [^:]*' "$TL.job.out" | sed "s|$TMP/||"), the final model byte for byte the uninterrupted run's" \
         eval 'grep -q "^resume: from $TL/ckpt_" "$TL.job.out" && same_model "$TL" "$REF" && same_losses "$TL" "$REF"'
 else
     bad "time limit: job $tl_id was not requeued within 150 s: $(job_info "$tl_id" | grep -o -E 'JobState=[A-Z]+|Reason=[^ ]+|RunTime=[^ ]+' | tr '\n' ' ')"
