@@ -39,6 +39,8 @@
 
 #include "checkpoint/checkpoint.h"
 #include "comm/comm.h"
+#include "common/stop_signal.h"
+#include "common/threads.h"
 #include "common/util.h"
 #include "data/dataloader.h"
 #include "data/tokenizer.h"
@@ -239,7 +241,9 @@ static void trainer_build(Trainer* t, int argc, char** argv) {
     t->rank = t->comm.rank;
     t->world = t->comm.world;
     args_parse(a, argc, argv, t->rank);
-    t->be = a->use_cuda ? backend_cuda_create(a->dt, t->comm.local_rank, a->tf32) : backend_cpu_create();
+    stop_signal_install();    /* SIGTERM/SIGUSR1 from here on: stop at a step boundary (common/stop_signal.h) */
+    threads_setup(&t->comm);  /* OpenMP threads per rank, printed per rank (common/threads.h) */
+    t->be = a->use_cuda ? backend_cuda_create(a->dt, t->comm.device_index, a->tf32) : backend_cpu_create();
     comm_setup(&t->comm, a->comm, t->be, a->comm_timeout);
 
     /* ---- the batch: micro-batches of B rows per data-parallel replica ---- */
@@ -355,6 +359,20 @@ static void stop_on_bad_steps(Trainer* t, int step) {
                   "stopping; %s", step + 1, t->prog.bad_streak, t->a.max_bad_steps, last);
 }
 
+/* A rank got SIGTERM or SIGUSR1 (SLURM cancelling, a time limit, a warning):
+ * every rank stops after the step; with --checkpoint_on_signal it saves
+ * that step first and exits 75 (resume with --resume), else 128 + signal. */
+static void stop_on_signal(Trainer* t, int sig) {
+    char saved[4200];
+    snprintf(saved, sizeof saved, "%s/ckpt_%08d", t->a.output_dir, t->prog.step);
+    if (t->a.checkpoint_on_signal && t->ck.last_step != t->prog.step) {
+        pipeline_wait_gathers(&t->pp);
+        ckpt_save(&t->ck, &t->prog);
+    }
+    runlog_close(&t->log);
+    stop_signal_exit(&t->comm, sig, t->prog.step, t->a.checkpoint_on_signal ? saved : NULL);
+}
+
 int main(int argc, char** argv) {
     Trainer t;
     trainer_build(&t, argc, argv);
@@ -402,6 +420,8 @@ int main(int argc, char** argv) {
             pipeline_wait_gathers(pp);   /* the checkpoint reads the params */
             ckpt_save(&t.ck, &t.prog);
         }
+        int sig = stop_signal_agree(&t.comm);   /* a rank got SIGTERM/SIGUSR1: every rank stops here */
+        if (sig) stop_on_signal(&t, sig);
     }
     pipeline_wait_gathers(pp);   /* before anything reads the params */
     if (a->checkpoint_every > 0 && t.ck.last_step != t.prog.step) ckpt_save(&t.ck, &t.prog);

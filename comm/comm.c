@@ -60,6 +60,7 @@
 
 #include <limits.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -82,6 +83,7 @@ typedef struct {
                             * group's (MPI_COMM_NULL for a comm_split group of one rank) */
     MPI_Comm p2p_mpi;      /* point to point (comm_p2p_setup), else MPI_COMM_NULL */
     int tag_ub;            /* MPI_TAG_UB */
+    MPI_Comm local;        /* the job communicator only: the ranks of this host (shared-memory split) */
     int mpi_owned;         /* we called MPI_Init, so we call MPI_Finalize */
 #endif
     int root;              /* made by comm_bootstrap (owns the fatal hook), not by comm_split */
@@ -227,6 +229,26 @@ static void comm_mpi_wait_req(Comm* c, MPI_Request* r, const char* what) {
 }
 #endif
 
+/* 64-bit FNV-1a of s ("" when NULL, distinct from an empty string). */
+static uint64_t comm_hash_str(const char* s) {
+    uint64_t h = 1469598103934665603ULL;
+    if (!s) return h ^ 1;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ULL;
+    return h;
+}
+
+/* Comm.device_index: how many lower local ranks see the same GPUs as this
+ * one (the same CUDA_VISIBLE_DEVICES, set or unset). */
+static int comm_device_index(Comm* c) {
+    uint64_t mine = comm_hash_str(getenv("CUDA_VISIBLE_DEVICES"));
+    uint64_t* all = (uint64_t*)xmalloc(sizeof(uint64_t) * (size_t)c->local_world);
+    comm_local_allgather_host(c, &mine, sizeof mine, all);
+    int idx = 0;
+    for (int i = 0; i < c->local_rank; i++) idx += all[i] == mine;
+    free(all);
+    return idx;
+}
+
 void comm_bootstrap(Comm* c, int* argc, char*** argv) {
     memset(c, 0, sizeof *c);
     c->rank = 0;
@@ -258,12 +280,11 @@ void comm_bootstrap(Comm* c, int* argc, char*** argv) {
     comm_mpi_check(c, MPI_Comm_dup(MPI_COMM_WORLD, &m->mpi), "MPI_Comm_dup");
     /* errors come back as codes so that they get our message and MPI_Abort */
     comm_mpi_check(c, MPI_Comm_set_errhandler(m->mpi, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-    MPI_Comm local;
-    comm_mpi_check(c, MPI_Comm_split_type(m->mpi, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &local),
+    comm_mpi_check(c, MPI_Comm_split_type(m->mpi, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &m->local),
                    "MPI_Comm_split_type");
-    MPI_Comm_rank(local, &c->local_rank);
-    MPI_Comm_size(local, &c->local_world);
-    MPI_Comm_free(&local);
+    comm_mpi_check(c, MPI_Comm_set_errhandler(m->local, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    MPI_Comm_rank(m->local, &c->local_rank);
+    MPI_Comm_size(m->local, &c->local_world);
 #else
     (void)argc;
     (void)argv;
@@ -272,6 +293,7 @@ void comm_bootstrap(Comm* c, int* argc, char*** argv) {
     m->job_world = c->world;
     m->global = (int*)xmalloc((size_t)c->world * sizeof(int));
     for (int r = 0; r < c->world; r++) m->global[r] = r;
+    c->device_index = comm_device_index(c);
 }
 
 /* ----------------------------------------------------------- scratch pool */
@@ -349,6 +371,25 @@ static void comm_scratch_free_all(Comm* c) {
 
 /* ------------------------------------------------------------------ setup */
 
+#ifdef USE_CUDA
+/* Collective over every rank: 0 when no two ranks of any host drive the same
+ * GPU (compared by PCI bus id, whatever each rank's CUDA_VISIBLE_DEVICES);
+ * 1 when two ranks of this host do, 2 when only another host has such. */
+static int comm_gpus_shared(Comm* c) {
+    enum { ID = 32 };
+    char mine[ID];
+    comm_cuda_bus_id(c, mine, sizeof mine);
+    char* all = (char*)xmalloc((size_t)ID * (size_t)c->local_world);
+    comm_local_allgather_host(c, mine, ID, all);
+    int here = 0;
+    for (int i = 0; i < c->local_world; i++)
+        if (i != c->local_rank && strncmp(all + (size_t)i * ID, mine, ID) == 0) here = 1;
+    free(all);
+    int anywhere = comm_allreduce_host_max_int(c, here);
+    return here ? 1 : anywhere ? 2 : 0;
+}
+#endif
+
 void comm_setup(Comm* c, const char* want, Backend* be, double timeout_s) {
     CommImpl* m = comm_impl(c);
     if (!want) want = "auto";
@@ -365,12 +406,18 @@ void comm_setup(Comm* c, const char* want, Backend* be, double timeout_s) {
 #endif
 
     CommKind kind = COMM_SINGLE;
+#ifdef USE_CUDA
+    /* on any host, local ranks that drive the same GPU (NCCL refuses them) */
+    int shared = is_cuda && c->world > 1 ? comm_gpus_shared(c) : 0;
+#endif
     if (w_nccl) {
         if (!is_cuda) fatal("--comm nccl needs --device cuda (this run is on the CPU)");
 #ifdef USE_CUDA
-        if (c->local_world > ngpu)
+        if (shared == 1)
             fatal("--comm nccl: %d ranks share %d GPU(s) on this host; NCCL refuses two ranks on one GPU: use --comm mpi",
                   c->local_world, ngpu);
+        if (shared == 2)
+            fatal("--comm nccl: two ranks of another host share a GPU; NCCL refuses two ranks on one GPU: use --comm mpi");
         kind = COMM_NCCL;
 #else
         fatal("--comm nccl: this binary was built without CUDA/NCCL; rebuild with nvcc on the PATH");
@@ -387,7 +434,7 @@ void comm_setup(Comm* c, const char* want, Backend* be, double timeout_s) {
     } else {
         kind = COMM_MPI;
 #ifdef USE_CUDA
-        if (is_cuda && c->local_world <= ngpu) kind = COMM_NCCL;
+        if (is_cuda && !shared) kind = COMM_NCCL;
 #endif
     }
 
@@ -466,6 +513,7 @@ int comm_split(Comm* parent, int color, int key, Comm* out) {
     out->world = n;
     out->local_rank = parent->local_rank;
     out->local_world = parent->local_world;
+    out->device_index = parent->device_index;
     out->kind = n == 1 ? COMM_SINGLE : parent->kind;
     out->timeout_s = parent->timeout_s;
     out->be = parent->be;
@@ -891,6 +939,21 @@ void comm_broadcast_host(Comm* c, void* buf, size_t bytes) {
 #endif
 }
 
+void comm_local_allgather_host(Comm* c, const void* mine, size_t bytes, void* all) {
+    if (c->local_world == 1 || bytes == 0) {
+        memcpy(all, mine, bytes);
+        return;
+    }
+#ifdef USE_MPI
+    if (bytes > INT_MAX) comm_abortf(c, "host all-gather of %zu bytes per rank: more than MPI's int count", bytes);
+    MPI_Request r;
+    const char* what = "host all-gather among the ranks of this host";
+    comm_mpi_check(c, MPI_Iallgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, comm_impl(c)->local, &r),
+                   what);
+    comm_mpi_wait_req(c, &r, what);
+#endif
+}
+
 /* --------------------------------------------------------------- finalize */
 
 void comm_finalize(Comm* c) {
@@ -906,6 +969,7 @@ void comm_finalize(Comm* c) {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) {
+        if (m->root && m->local != MPI_COMM_NULL) MPI_Comm_free(&m->local);
         if (m->p2p_mpi != MPI_COMM_NULL) MPI_Comm_free(&m->p2p_mpi);
         if (m->mpi != MPI_COMM_NULL) MPI_Comm_free(&m->mpi);
         if (m->mpi_owned) MPI_Finalize();

@@ -32,6 +32,12 @@ typedef struct {
 typedef struct Comm {
     int rank, world;             /* global; within the group for a comm_split result */
     int local_rank, local_world; /* within this host (shared-memory split) */
+    int device_index;            /* this rank's position among the local ranks that see the same
+                                  * GPUs (equal CUDA_VISIBLE_DEVICES): the GPU it uses, counted
+                                  * among those it sees (the CUDA backend wraps it round their
+                                  * number). = local_rank where every rank sees every GPU (mpirun,
+                                  * srun --gpus-per-node); 0 where each sees its own (srun
+                                  * --gpus-per-task=1) */
     CommKind kind;
     double timeout_s;            /* bound on any wait; default 300 */
     Backend* be;                 /* the compute backend (for streams/staging) */
@@ -39,15 +45,18 @@ typedef struct Comm {
 } Comm;
 
 /* Step 1, first thing in main: MPI_Init when built with MPI and launched by
- * mpirun (or as a singleton); fills rank/world/local_rank. Without MPI:
- * rank 0 of 1. Installs the fatal() hook that aborts every rank. */
+ * mpirun or srun (or as a singleton); fills rank/world/local_rank/
+ * device_index. Without MPI: rank 0 of 1. Installs the fatal() hook that
+ * aborts every rank. */
 void comm_bootstrap(Comm* c, int* argc, char*** argv);
 
 /* Step 2, once the backend exists: choose the collective backend.
- * want: "auto" | "nccl" | "mpi". auto = nccl for a CUDA backend with one GPU
- * per local rank, mpi otherwise (single when world == 1). Errors (fatal on
- * every rank): nccl without a CUDA backend, nccl when built without NCCL,
- * several ranks on one GPU with nccl, mpi when built without MPI and world > 1. */
+ * want: "auto" | "nccl" | "mpi". auto = nccl for a CUDA backend where no two
+ * ranks of a host drive the same GPU (compared by PCI bus id, so it holds
+ * whether each rank sees every GPU or only its own), mpi otherwise (single
+ * when world == 1). Errors (fatal on every rank): nccl without a CUDA
+ * backend, nccl when built without NCCL, several ranks on one GPU with nccl,
+ * mpi when built without MPI and world > 1. */
 void comm_setup(Comm* c, const char* want, Backend* be, double timeout_s);
 
 const char* comm_kind_name(CommKind k);
@@ -79,6 +88,10 @@ int comm_allreduce_host_max_int(Comm* c, int v);
 void comm_barrier(Comm* c);
 /* Broadcast host bytes from rank 0. */
 void comm_broadcast_host(Comm* c, void* buf, size_t bytes);
+/* Blocking all-gather among the ranks of this host (collective over every
+ * rank): all[i * bytes, (i + 1) * bytes) receives local rank i's `mine`;
+ * all holds local_world * bytes. */
+void comm_local_allgather_host(Comm* c, const void* mine, size_t bytes, void* all);
 
 /* ---------------------------------------------------- sub-communicators */
 

@@ -61,6 +61,9 @@ void comm_nccl_p2p_start(Comm* c, CommNccl* n, CommOp op, void* buf, size_t coun
 
 /* ---- CUDA helpers of the MPI backend's staging path (comm_nccl.c) ---- */
 int comm_cuda_device_count(void);               /* 0 when none or on error */
+/* The PCI bus id of the current device ("0000:19:00.0"), NUL-terminated in
+ * out[0, n), the rest of out zeroed; aborts on failure. */
+void comm_cuda_bus_id(Comm* c, char* out, int n);
 void* comm_cuda_host_alloc(Comm* c, size_t bytes); /* pinned; aborts on failure */
 void comm_cuda_host_free(void* p);
 /* dev -> host on the comm stream, after the compute stream's work so far;

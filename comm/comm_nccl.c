@@ -405,6 +405,13 @@ int comm_cuda_device_count(void) {
     return n;
 }
 
+void comm_cuda_bus_id(Comm* c, char* out, int n) {
+    int dev = 0;
+    memset(out, 0, (size_t)n);
+    COMM_CUDA_CHECK(c, cudaGetDevice(&dev));
+    COMM_CUDA_CHECK(c, cudaDeviceGetPCIBusId(out, n - 1, dev));
+}
+
 void* comm_cuda_host_alloc(Comm* c, size_t bytes) {
     void* p = NULL;
     cudaError_t e = cudaMallocHost(&p, bytes);

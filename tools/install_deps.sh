@@ -2,7 +2,9 @@
 # tools/install_deps.sh — installs what building and testing need, from
 # Debian's packages, only where it is missing: a C compiler and make, Open MPI
 # (mpicc, mpirun), Node.js and npm (the reference tokenizer of the BPE test),
-# gnuplot (plots) and, with --data, the King James Bible (default dataset).
+# gnuplot (plots), SLURM and munge (test/test_slurm.sh starts a one-machine
+# cluster; without their recommended extra plugins) and, with --data, the King
+# James Bible (default dataset).
 set -eu
 want=()
 command -v gcc >/dev/null || want+=(gcc)
@@ -11,15 +13,24 @@ command -v mpicc >/dev/null || want+=(openmpi-bin libopenmpi-dev)
 command -v node >/dev/null || want+=(nodejs)
 command -v npm >/dev/null || want+=(npm)
 command -v gnuplot >/dev/null || want+=(gnuplot-nox)
+slurm=()
+for c in slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client munged:munge; do
+    command -v "${c%%:*}" >/dev/null || slurm+=("${c#*:}")
+done
 if [ "${1:-}" = "--data" ]; then
     command -v bible >/dev/null || want+=(bible-kjv bible-kjv-text)
 fi
-[ ${#want[@]} -eq 0 ] && exit 0
+[ ${#want[@]} -eq 0 ] && [ ${#slurm[@]} -eq 0 ] && exit 0
 SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-echo "install_deps: installing ${want[*]}"
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get install -y -qq "${want[@]}" >/dev/null 2>&1 || {
-    $SUDO apt-get update -qq
-    $SUDO apt-get install -y -qq "${want[@]}"
+# apt_install [apt-get options] PACKAGES...: quietly, updating the package lists once if that fails
+apt_install() {
+    echo "install_deps: installing $*"
+    $SUDO apt-get install -y -qq "$@" >/dev/null 2>&1 || {
+        $SUDO apt-get update -qq
+        $SUDO apt-get install -y -qq "$@"
+    }
 }
+[ ${#want[@]} -eq 0 ] || apt_install "${want[@]}"
+[ ${#slurm[@]} -eq 0 ] || apt_install --no-install-recommends "${slurm[@]}"

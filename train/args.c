@@ -112,6 +112,7 @@ static int make_flags(Args* a, Flag* f) {
     FL("seed", F_INT, &a->seed, "seed of weight init, data shuffle and sampling");
     FL("checkpoint_every", F_INT, &a->checkpoint_every, "save a checkpoint in --output_dir every K steps and at the end (0 = never)");
     FL("resume", F_SWITCH, &a->resume, "continue from the newest complete checkpoint in --output_dir, at any number of ranks (takes no value)");
+    FL("checkpoint_on_signal", F_SWITCH, &a->checkpoint_on_signal, "on SIGTERM or SIGUSR1 (any rank): stop after the step in progress, save a checkpoint in --output_dir and exit 75, for --resume (without it: exit 128+signal, no checkpoint) (takes no value)");
     FL("checkpoints_keep", F_INT, &a->checkpoints_keep, "keep only the newest K complete checkpoints (0 = keep all)");
     FL("max_bad_steps", F_INT, &a->max_bad_steps, "stop after K steps in a row with a non-finite loss or grad norm (each is skipped)");
     FL("inject_nan_at_step", F_INT, &a->inject_nan_at_step, "testing aid: poison steps K .. K+inject_nan_steps-1 (as printed, from 1) on the last rank, alternately a NaN gradient and an infinite loss (0 = off)");
@@ -234,8 +235,8 @@ static void args_check(Args* a) {
     check_positive("--max_bad_steps", a->max_bad_steps);
     check_nonneg("--inject_nan_at_step", a->inject_nan_at_step);
     check_positive("--inject_nan_steps", a->inject_nan_steps);
-    if ((a->checkpoint_every > 0 || a->resume) && !a->output_dir[0])
-        fatal("--checkpoint_every and --resume need --output_dir (the checkpoints live there)");
+    if ((a->checkpoint_every > 0 || a->resume || a->checkpoint_on_signal) && !a->output_dir[0])
+        fatal("--checkpoint_every, --checkpoint_on_signal and --resume need --output_dir (the checkpoints live there)");
     if (a->learning_rate_decay_frac < 0 || a->learning_rate_decay_frac > 1)
         fatal("flag --learning_rate_decay_frac must be in [0, 1] (got %g)", a->learning_rate_decay_frac);
     if (a->beta1 < 0 || a->beta1 >= 1) fatal("flag --beta1 must be in [0, 1) (got %g)", a->beta1);

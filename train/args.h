@@ -39,6 +39,7 @@ typedef struct {
     int shuffle, seed;
     /* checkpoints and faults */
     int checkpoint_every, resume, checkpoints_keep, max_bad_steps;
+    int checkpoint_on_signal;   /* SIGTERM/SIGUSR1: save at the next step boundary, exit 75 (common/stop_signal.h) */
     int inject_nan_at_step, inject_nan_steps;
 
     /* resolved by args_parse from the flags above */
