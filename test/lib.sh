@@ -46,3 +46,17 @@ close_losses() {
       { d = $1 - $2; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); if (r > m) m = r; n++ }
       END { printf "    losses: %d steps, max rel diff %.2e\n", n, m; exit !(n == 10 && m <= tol) }'
 }
+# start_bg DIR NP [flags...]: the trainer under mpirun in the background; sets BG (its pid)
+start_bg() {
+    local dir="$1" np="$2"; shift 2
+    mkdir -p "$dir"
+    OMP_NUM_THREADS=1 $MPIRUN -np "$np" -x OMP_NUM_THREADS ./train_gpt2 $COMMON --output_dir "$dir" "$@" >"$dir.out" 2>&1 &
+    BG=$!
+}
+# the pid of rank R among the children of mpirun BG
+rank_pid() {
+    local p
+    for p in $(pgrep -P "$BG"); do
+        tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1" && { echo "$p"; return; }
+    done
+}

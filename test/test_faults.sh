@@ -29,20 +29,6 @@ COMMON="--input_bin $TMP/train.bin --model d2 --n_embd 32 --n_head 2 --max_seq_l
 # runs (test/lib.sh's run / run_quiet): output in DIR.out; model files only where a run asks
 RUN_SAVE_MODEL=0 RUN_TIMEOUT=120
 nerrors() { grep -c "^error: .*$2" "$1"; }
-# start_bg DIR NP [flags...]: mpirun in the background; sets BG (its pid)
-start_bg() {
-    local dir="$1" np="$2"; shift 2
-    mkdir -p "$dir"
-    OMP_NUM_THREADS=1 $MPIRUN -np "$np" -x OMP_NUM_THREADS ./train_gpt2 $COMMON --output_dir "$dir" "$@" >"$dir.out" 2>&1 &
-    BG=$!
-}
-# the pid of rank R among the children of mpirun BG
-rank_pid() {
-    local p
-    for p in $(pgrep -P "$BG"); do
-        tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1" && { echo "$p"; return; }
-    done
-}
 # wait_for PATH SECONDS: until PATH exists (0) or time runs out (1)
 wait_for() {
     local t=0

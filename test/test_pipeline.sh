@@ -150,18 +150,6 @@ resume_case "P=4 V=1 DP=1" 4 --pipeline_parallel 4 --zero_stage 1
 resume_case "P=2 DP=1 zero 2" 2 --pipeline_parallel 2 --zero_stage 2
 
 # ---- a stage killed during a step ----
-start_bg() {
-    local dir="$1" np="$2"; shift 2
-    mkdir -p "$dir"
-    OMP_NUM_THREADS=1 $MPIRUN -np "$np" -x OMP_NUM_THREADS ./train_gpt2 $COMMON --output_dir "$dir" "$@" >"$dir.out" 2>&1 &
-    BG=$!
-}
-rank_pid() {
-    local p
-    for p in $(pgrep -P "$BG"); do
-        tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1" && { echo "$p"; return; }
-    done
-}
 KILLF="--pipeline_parallel 3 --zero_stage 1 --total_batch_size $((B * T * 3)) --num_iterations 400 --lr_schedule constant
   --checkpoint_every 2 --comm_timeout 10"
 run "$TMP/kref" 3 $KILLF --num_iterations 6 --output_dir "$TMP/kref" || bad "kill reference"
