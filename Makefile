@@ -62,7 +62,7 @@ FUZZ_REPLAYS := $(FUZZ_NAMES:%=$(BUILD)/fuzz_replay_%)
 # the harnesses track what a parser cut short by fatal() had allocated or opened
 FUZZ_WRAP := -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=posix_memalign,--wrap=free,--wrap=fopen,--wrap=fclose
 
-.PHONY: all test test-gpu deps clean asan fuzz fuzz-deps
+.PHONY: all test test-gpu deps clean asan fuzz fuzz-deps format format-check
 all: $(TRAINER) $(TESTS) $(TOOLS) $(FUZZ_REPLAYS)
 
 # Installs missing Debian packages (Open MPI, node, gnuplot), then builds.
@@ -162,6 +162,13 @@ test: deps
 
 test-gpu: all
 	bash test/run_tests_gpu.sh
+
+# the C and CUDA sources in the style of .clang-format (CI runs format-check)
+format:
+	bash tools/format.sh
+
+format-check:
+	bash tools/format.sh --check
 
 clean:
 	rm -rf $(BUILD) $(TRAINER) $(ASAN_DIR) $(FUZZ_DIR)

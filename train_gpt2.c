@@ -59,27 +59,27 @@ typedef struct {
     Comm comm;
     Backend* be;
     int rank, world;
-    int B, T, accum;            /* micro-batch, sequence length, micro-batches per step */
-    Pipeline pp;                /* the grid and this rank's model chunks (one: the whole model, at P = 1) */
-    Optimizer opt;              /* over every chunk's buffers */
+    int B, T, accum; /* micro-batch, sequence length, micro-batches per step */
+    Pipeline pp;     /* the grid and this rank's model chunks (one: the whole model, at P = 1) */
+    Optimizer opt;   /* over every chunk's buffers */
     DataLoader train, val;
     int have_val, have_tok;
     Tokenizer tok;
     Checkpointer ck;
-    CkptProgress prog;          /* steps done, the data position, non-finite steps in a row */
+    CkptProgress prog; /* steps done, the data position, non-finite steps in a row */
     RunLog log;
-    int *inputs, *targets;      /* one micro-batch, B * T each */
-    float dloss;                /* the backward seed: 1 / tokens of the global batch */
+    int *inputs, *targets; /* one micro-batch, B * T each */
+    float dloss;           /* the backward seed: 1 / tokens of the global batch */
     double flops_per_step, peak_flops;
 } Trainer;
 
 /* What train_step reports. */
 typedef struct {
-    double loss, norm;          /* mean over the global batch; global norm before clipping */
+    double loss, norm; /* mean over the global batch; global norm before clipping */
     float lr;
-    int finite;                 /* 0: no update was made */
+    int finite; /* 0: no update was made */
     double seconds;
-    double bubble;              /* pipeline: time blocked on transfers / step time; < 0 without one */
+    double bubble; /* pipeline: time blocked on transfers / step time; < 0 without one */
 } StepResult;
 
 static double mb(size_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
@@ -111,7 +111,8 @@ static StepResult train_step(Trainer* t, int step) {
     if (!a->overlap_param_gather) t->be->synchronize(t->be);
     t->be->reset_peak(t->be);
     double t0 = wall_time_s();
-    double loss_sum = pipeline_forward_backward(pp, &t->train, t->prog.next_row, t->dloss, t->inputs, t->targets);
+    double loss_sum =
+        pipeline_forward_backward(pp, &t->train, t->prog.next_row, t->dloss, t->inputs, t->targets);
     pipeline_finish_reductions(pp);
     if (t->rank == 0 && t->world > 1 && (step == 0 || step == a->num_iterations - 1))
         for (int v = 0; v < pp->V; v++) ddp_overlap_report(&pp->chunks[v].ddp, stdout);
@@ -132,12 +133,13 @@ static StepResult train_step(Trainer* t, int step) {
     if (r.finite) {
         float scale = (a->grad_clip > 0 && r.norm > a->grad_clip) ? (float)(a->grad_clip / r.norm) : 1.0f;
         optimizer_step(&t->opt, r.lr, a->beta1, a->beta2, a->eps, a->weight_decay, scale,
-                       (uint32_t)a->seed * 7919u + (uint32_t)step);   /* unsigned: no overflow for any --seed */
+                       (uint32_t)a->seed * 7919u + (uint32_t)step); /* unsigned: no overflow for any --seed */
         t->prog.bad_streak = 0;
     } else {
-        t->prog.bad_streak++;   /* no update: the params and the optimizer state stay as they were */
+        t->prog.bad_streak++; /* no update: the params and the optimizer state stay as they were */
     }
-    pipeline_after_update(pp, r.finite);   /* all-gathers (overlapped: waited for in the next forward), zeroed grads */
+    /* all-gathers (overlapped: waited for in the next forward), zeroed grads */
+    pipeline_after_update(pp, r.finite);
     if (!a->overlap_param_gather) t->be->synchronize(t->be);
     t->prog.step = step + 1;
     t->prog.next_row += (uint64_t)t->B * pp->DP * t->accum;
@@ -176,14 +178,17 @@ static GPT2Config model_config(const Args* a, int* from_file) {
         return cfg;
     }
     FILE* probe = fopen(a->model, "rb");
-    if (!probe) fatal("--model '%s' is neither a preset (d2 ... d48) nor a readable file: %s", a->model, strerror(errno));
+    if (!probe)
+        fatal("--model '%s' is neither a preset (d2 ... d48) nor a readable file: %s", a->model,
+              strerror(errno));
     fclose(probe);
     int version;
     gpt2_read_header(a->model, &cfg, &version);
     if ((a->n_embd && a->n_embd != cfg.channels) || (a->n_head && a->n_head != cfg.num_heads) ||
         (a->max_seq_len && a->max_seq_len != cfg.max_seq_len))
-        fatal("%s: the model file's shape (C %d, NH %d, maxT %d) disagrees with --n_embd/--n_head/--max_seq_len",
-              a->model, cfg.channels, cfg.num_heads, cfg.max_seq_len);
+        fatal(
+            "%s: the model file's shape (C %d, NH %d, maxT %d) disagrees with --n_embd/--n_head/--max_seq_len",
+            a->model, cfg.channels, cfg.num_heads, cfg.max_seq_len);
     *from_file = 1;
     return cfg;
 }
@@ -199,15 +204,15 @@ static void trainer_report(Trainer* t) {
         printf("train_gpt2 | device %s | dtype %s | ranks %d | comm %s | zero_stage %d%s\n", t->be->name,
                dtype_name(t->be->dtype), t->world, comm_kind_name(t->comm.kind), a->zero_stage,
                a->overlap_param_gather ? " | param all-gather overlapped with forward" : "");
-        printf("model %s: L %d, NH %d, C %d, maxT %d, V %d (padded %d), %zu parameters\n", a->model, cfg->num_layers,
-               cfg->num_heads, cfg->channels, cfg->max_seq_len, cfg->vocab_size, cfg->padded_vocab_size,
-               m0->num_parameters);
+        printf("model %s: L %d, NH %d, C %d, maxT %d, V %d (padded %d), %zu parameters\n", a->model,
+               cfg->num_layers, cfg->num_heads, cfg->channels, cfg->max_seq_len, cfg->vocab_size,
+               cfg->padded_vocab_size, m0->num_parameters);
         if (pp->P > 1)
-            printf("batch: B %d x T %d x data-parallel %d x micro-batches %d = %lld tokens per step\n", t->B, t->T,
-                   pp->DP, t->accum, a->total_batch_size);
+            printf("batch: B %d x T %d x data-parallel %d x micro-batches %d = %lld tokens per step\n", t->B,
+                   t->T, pp->DP, t->accum, a->total_batch_size);
         else
-            printf("batch: B %d x T %d x ranks %d x accumulation %d = %lld tokens per step\n", t->B, t->T, t->world,
-                   t->accum, a->total_batch_size);
+            printf("batch: B %d x T %d x ranks %d x accumulation %d = %lld tokens per step\n", t->B, t->T,
+                   t->world, t->accum, a->total_batch_size);
         printf("train data: %zu rows of %d tokens in %d shard(s)%s\n", t->train.nrows, t->T, t->train.nshards,
                a->shuffle ? ", shuffled" : "");
         if (t->have_val) printf("val data: %zu rows\n", t->val.nrows);
@@ -223,11 +228,12 @@ static void trainer_report(Trainer* t) {
         for (int v = 0; v < pp->V; v++) held += pp->chunks[v].layout.total_params;
         /* zero_stage 2: grads = this rank's shard; the bucket working buffers
          * are allocated during the first step (ddp_memory_report after it) */
-        printf("rank %d memory: params %.2f MB, grads %.2f MB, master %.2f MB, adam_m %.2f MB, adam_v %.2f MB, "
-               "activations %.2f MB | optimizer state %zu bytes for %zu owned of %zu parameters (%.2f bytes/param)\n",
-               t->rank, mb(mt->current[MEM_PARAMS]), mb(mt->current[MEM_GRADS]), mb(mt->current[MEM_MASTER]),
-               mb(mt->current[MEM_ADAM_M]), mb(mt->current[MEM_ADAM_V]), mb(mt->current[MEM_ACTIVATIONS]), opt_bytes,
-               t->opt.nstate, held, (double)opt_bytes / (double)held);
+        printf(
+            "rank %d memory: params %.2f MB, grads %.2f MB, master %.2f MB, adam_m %.2f MB, adam_v %.2f MB, "
+            "activations %.2f MB | optimizer state %zu bytes for %zu owned of %zu parameters (%.2f bytes/param)\n",
+            t->rank, mb(mt->current[MEM_PARAMS]), mb(mt->current[MEM_GRADS]), mb(mt->current[MEM_MASTER]),
+            mb(mt->current[MEM_ADAM_M]), mb(mt->current[MEM_ADAM_V]), mb(mt->current[MEM_ACTIVATIONS]),
+            opt_bytes, t->opt.nstate, held, (double)opt_bytes / (double)held);
         if (pp->P > 1) pipeline_print_chunks(pp, &t->opt, stdout);
         fflush(stdout);
     }
@@ -241,8 +247,8 @@ static void trainer_build(Trainer* t, int argc, char** argv) {
     t->rank = t->comm.rank;
     t->world = t->comm.world;
     args_parse(a, argc, argv, t->rank);
-    stop_signal_install();    /* SIGTERM/SIGUSR1 from here on: stop at a step boundary (common/stop_signal.h) */
-    threads_setup(&t->comm);  /* OpenMP threads per rank, printed per rank (common/threads.h) */
+    stop_signal_install();   /* SIGTERM/SIGUSR1 from here on: stop at a step boundary (common/stop_signal.h) */
+    threads_setup(&t->comm); /* OpenMP threads per rank, printed per rank (common/threads.h) */
     t->be = a->use_cuda ? backend_cuda_create(a->dt, t->comm.device_index, a->tf32) : backend_cpu_create();
     comm_setup(&t->comm, a->comm, t->be, a->comm_timeout);
 
@@ -255,30 +261,40 @@ static void trainer_build(Trainer* t, int argc, char** argv) {
         fatal("--sequence_length %d exceeds the model's maximum sequence length %d", t->T, cfg.max_seq_len);
     if (t->world % a->pipeline_parallel != 0)
         fatal("--pipeline_parallel %d does not divide the %d ranks (ranks = pipeline stages x data-parallel "
-              "replicas)", a->pipeline_parallel, t->world);
+              "replicas)",
+              a->pipeline_parallel, t->world);
     const int DP = t->world / a->pipeline_parallel;
     long long tokens_per_micro = (long long)t->B * t->T * DP;
     if (a->total_batch_size == -1) a->total_batch_size = tokens_per_micro;
-    if (a->total_batch_size <= 0) fatal("flag --total_batch_size must be positive (got %lld)", a->total_batch_size);
+    if (a->total_batch_size <= 0)
+        fatal("flag --total_batch_size must be positive (got %lld)", a->total_batch_size);
     if (a->total_batch_size % tokens_per_micro != 0) {
         if (a->pipeline_parallel > 1)
             fatal("--total_batch_size %lld does not divide by batch_size*sequence_length*data-parallel ranks = "
-                  "%d*%d*%d = %lld", a->total_batch_size, t->B, t->T, DP, tokens_per_micro);
+                  "%d*%d*%d = %lld",
+                  a->total_batch_size, t->B, t->T, DP, tokens_per_micro);
         fatal("--total_batch_size %lld does not divide by batch_size*sequence_length*ranks = %d*%d*%d = %lld",
               a->total_batch_size, t->B, t->T, t->world, tokens_per_micro);
     }
     t->accum = (int)(a->total_batch_size / tokens_per_micro);
 
     /* ---- this rank's model chunks on their flat buffers, then DDP and the optimizer over them ---- */
-    PipelineConfig pc = {.P = a->pipeline_parallel, .V = a->virtual_pipeline_parallel, .m = t->accum,
-                         .schedule = a->pp_schedule, .B = t->B, .T = t->T, .recompute = a->recompute,
-                         .zero_stage = a->zero_stage,
-                         .ddp = {.zero_stage = a->zero_stage,
-                                 .overlap_gather = a->overlap_param_gather,
-                                 .gather_reverse = strcmp(a->gather_order, "reverse") == 0,
-                                 .gather_hold = a->gather_hold},
-                         .bucket_size = (size_t)a->bucket_size, .buckets_per_group = a->buckets_per_group,
-                         .reduce_early = a->pp_reduce_early};
+    PipelineConfig pc = {
+        .P = a->pipeline_parallel,
+        .V = a->virtual_pipeline_parallel,
+        .m = t->accum,
+        .schedule = a->pp_schedule,
+        .B = t->B,
+        .T = t->T,
+        .recompute = a->recompute,
+        .zero_stage = a->zero_stage,
+        .ddp = {.zero_stage = a->zero_stage,
+                .overlap_gather = a->overlap_param_gather,
+                .gather_reverse = strcmp(a->gather_order, "reverse") == 0,
+                .gather_hold = a->gather_hold},
+        .bucket_size = (size_t)a->bucket_size,
+        .buckets_per_group = a->buckets_per_group,
+        .reduce_early = a->pp_reduce_early};
     Pipeline* pp = &t->pp;
     pipeline_init(pp, &t->comm, t->be, &cfg, &pc);
     for (int v = 0; v < pp->V; v++) {
@@ -299,26 +315,44 @@ static void trainer_build(Trainer* t, int argc, char** argv) {
               "(batch_size %d x ranks %d x accumulation %d = %zu): use fewer ranks or a smaller batch",
               t->train.nrows, t->T, t->B, DP, t->accum, rows_per_step);
     t->have_val = a->val_loss_every > 0 && a->input_val_bin[0];
-    if (t->have_val) dataloader_init(&t->val, a->input_val_bin, t->T, (size_t)t->B * t->T + 1, cfg.vocab_size, 0, 0);
+    if (t->have_val)
+        dataloader_init(&t->val, a->input_val_bin, t->T, (size_t)t->B * t->T + 1, cfg.vocab_size, 0, 0);
     t->have_tok = a->sample_every > 0;
     if (t->have_tok) tokenizer_init(&t->tok, a->tokenizer);
     trainer_report(t);
 
     /* ---- checkpoints: check --output_dir; with --resume, load the newest complete one ---- */
-    CkptHparams hp = {.sequence_length = t->T, .seed = a->seed, .shuffle = a->shuffle, .train_rows = t->train.nrows,
-                      .total_batch_size = a->total_batch_size, .batch_size = t->B, .world = t->world,
-                      .zero_stage = a->zero_stage, .num_iterations = a->num_iterations, .lr_schedule = (int)a->sched,
-                      .warmup_iters = a->warmup_iters, .learning_rate = a->learning_rate,
-                      .lr_decay_frac = a->learning_rate_decay_frac, .weight_decay = a->weight_decay,
-                      .beta1 = a->beta1, .beta2 = a->beta2, .eps = a->eps, .grad_clip = a->grad_clip};
+    CkptHparams hp = {
+        .sequence_length = t->T,
+        .seed = a->seed,
+        .shuffle = a->shuffle,
+        .train_rows = t->train.nrows,
+        .total_batch_size = a->total_batch_size,
+        .batch_size = t->B,
+        .world = t->world,
+        .zero_stage = a->zero_stage,
+        .num_iterations = a->num_iterations,
+        .lr_schedule = (int)a->sched,
+        .warmup_iters = a->warmup_iters,
+        .learning_rate = a->learning_rate,
+        .lr_decay_frac = a->learning_rate_decay_frac,
+        .weight_decay = a->weight_decay,
+        .beta1 = a->beta1,
+        .beta2 = a->beta2,
+        .eps = a->eps,
+        .grad_clip = a->grad_clip};
     CkptChunk* cks = xmalloc(sizeof(CkptChunk) * (size_t)pp->V);
     for (int v = 0; v < pp->V; v++) {
         PPChunk* ch = &pp->chunks[v];
         /* the last stage's wte is the tied copy: the first stage writes it */
-        cks[v] = (CkptChunk){.model = &ch->model, .layout = &ch->layout, .dp_rank = pp->d, .writer = pp->d == 0,
+        cks[v] = (CkptChunk){.model = &ch->model,
+                             .layout = &ch->layout,
+                             .dp_rank = pp->d,
+                             .writer = pp->d == 0,
                              .skip_wte = pp->P > 1 && ch->model.part.has_head};
     }
-    ckpt_init(&t->ck, &t->comm, cks, pp->V, &t->opt, a->output_dir, a->checkpoint_every, a->checkpoints_keep, &hp);
+    ckpt_init(&t->ck, &t->comm, cks, pp->V, &t->opt, a->output_dir, a->checkpoint_every, a->checkpoints_keep,
+              &hp);
     free(cks);
     int resumed = ckpt_start(&t->ck, a->resume, &t->prog);
     runlog_open(&t->log, a->output_dir, t->rank, resumed ? t->prog.step : -1);
@@ -341,7 +375,8 @@ static void trainer_free(Trainer* t) {
     dataloader_free(&t->train);
     optimizer_free(&t->opt);
     pipeline_free(&t->pp);
-    comm_finalize(&t->comm);   /* before the backend: it releases its scratch through be, and NCCL needs the device */
+    /* before the backend: the comm releases its scratch through be, and NCCL needs the device */
+    comm_finalize(&t->comm);
     t->be->destroy(t->be);
 }
 
@@ -349,14 +384,17 @@ static void trainer_free(Trainer* t) {
 static void stop_on_bad_steps(Trainer* t, int step) {
     char last[4200];
     if (t->ck.last_step >= 0)
-        snprintf(last, sizeof last, "the last complete checkpoint is %s/ckpt_%08d (step %d): fix the cause "
-                 "(e.g. a lower --learning_rate) and continue with --resume", t->a.output_dir, t->ck.last_step,
-                 t->ck.last_step);
+        snprintf(last, sizeof last,
+                 "the last complete checkpoint is %s/ckpt_%08d (step %d): fix the cause "
+                 "(e.g. a lower --learning_rate) and continue with --resume",
+                 t->a.output_dir, t->ck.last_step, t->ck.last_step);
     else
         snprintf(last, sizeof last, "no checkpoint was written (--checkpoint_every %d)", t->a.checkpoint_every);
     runlog_close(&t->log);
-    ckpt_fail_all(&t->comm, "step %d: %d steps in a row had a non-finite loss or grad norm (--max_bad_steps %d): "
-                  "stopping; %s", step + 1, t->prog.bad_streak, t->a.max_bad_steps, last);
+    ckpt_fail_all(&t->comm,
+                  "step %d: %d steps in a row had a non-finite loss or grad norm (--max_bad_steps %d): "
+                  "stopping; %s",
+                  step + 1, t->prog.bad_streak, t->a.max_bad_steps, last);
 }
 
 /* A rank got SIGTERM or SIGUSR1 (SLURM cancelling, a time limit, a warning):
@@ -394,15 +432,24 @@ int main(int argc, char** argv) {
             total_time += r.seconds;
             timed_steps++;
         }
-        StepLog sl = {.step = step + 1, .num_iterations = a->num_iterations, .finite = r.finite, .loss = r.loss,
-                      .norm = r.norm, .lr = r.lr, .seconds = r.seconds,
-                      .tokens_per_s = (double)a->total_batch_size / r.seconds,
-                      .mfu = t.peak_flops > 0 ? t.flops_per_step / r.seconds / t.peak_flops : -1.0,
-                      .peak_alloc_mb = mb(t.be->mem.peak), .peak_reserved_mb = mb(t.be->peak_reserved(t.be)),
-                      .reserved_name = a->use_cuda ? "reserved" : "rss",
-                      .eta_s = (a->num_iterations - step - 1) * (timed_steps ? total_time / timed_steps : r.seconds),
-                      .bad_in_a_row = t.prog.bad_streak, .max_bad_steps = a->max_bad_steps,
-                      .bubble = r.bubble, .bubble_theory = (double)(pp->P - 1) / ((double)pp->V * t.accum)};
+        StepLog sl = {
+            .step = step + 1,
+            .num_iterations = a->num_iterations,
+            .finite = r.finite,
+            .loss = r.loss,
+            .norm = r.norm,
+            .lr = r.lr,
+            .seconds = r.seconds,
+            .tokens_per_s = (double)a->total_batch_size / r.seconds,
+            .mfu = t.peak_flops > 0 ? t.flops_per_step / r.seconds / t.peak_flops : -1.0,
+            .peak_alloc_mb = mb(t.be->mem.peak),
+            .peak_reserved_mb = mb(t.be->peak_reserved(t.be)),
+            .reserved_name = a->use_cuda ? "reserved" : "rss",
+            .eta_s = (a->num_iterations - step - 1) * (timed_steps ? total_time / timed_steps : r.seconds),
+            .bad_in_a_row = t.prog.bad_streak,
+            .max_bad_steps = a->max_bad_steps,
+            .bubble = r.bubble,
+            .bubble_theory = (double)(pp->P - 1) / ((double)pp->V * t.accum)};
         runlog_step(&t.log, &sl);
         if (t.prog.bad_streak >= a->max_bad_steps) stop_on_bad_steps(&t, step);
         if (step == first_step) {
@@ -417,13 +464,13 @@ int main(int argc, char** argv) {
         }
         if (a->check_tied_embedding) pipeline_check_tied(pp);
         if (ckpt_due(&t.ck, t.prog.step)) {
-            pipeline_wait_gathers(pp);   /* the checkpoint reads the params */
+            pipeline_wait_gathers(pp); /* the checkpoint reads the params */
             ckpt_save(&t.ck, &t.prog);
         }
-        int sig = stop_signal_agree(&t.comm);   /* a rank got SIGTERM/SIGUSR1: every rank stops here */
+        int sig = stop_signal_agree(&t.comm); /* a rank got SIGTERM/SIGUSR1: every rank stops here */
         if (sig) stop_on_signal(&t, sig);
     }
-    pipeline_wait_gathers(pp);   /* before anything reads the params */
+    pipeline_wait_gathers(pp); /* before anything reads the params */
     if (a->checkpoint_every > 0 && t.ck.last_step != t.prog.step) ckpt_save(&t.ck, &t.prog);
     if (a->save_model[0]) {
         ckpt_save_model(&t.ck, a->save_model, a->save_version);

@@ -35,13 +35,13 @@ void ckpt_fail_all(Comm* comm, const char* fmt, ...) {
      * makes mpirun linger for seconds) */
     comm_barrier(comm);
     if (comm->rank == 0) comm_abort(comm, msg);
-    comm_barrier(comm);   /* never completes: rank 0's abort ends this rank (or the timeout does) */
+    comm_barrier(comm); /* never completes: rank 0's abort ends this rank (or the timeout does) */
     exit(1);
 }
 
 /* What rank 0 found, shared with every rank. */
 typedef struct {
-    int status;                 /* 0 resume from path, 1 nothing to resume, -1 error */
+    int status; /* 0 resume from path, 1 nothing to resume, -1 error */
     char msg[1024];
     char path[CKPT_PATH];
     unsigned char header[CKPT_HEADER_BYTES];
@@ -59,10 +59,11 @@ static CkptSpan* spans_append(CkptSpan* dst, int* n, CkptSpan* src, int k) {
     return out;
 }
 
-void ckpt_init(Checkpointer* c, Comm* comm, const CkptChunk* chunks, int nchunks, Optimizer* opt, const char* dir,
-               int every, int keep, const CkptHparams* hp) {
+void ckpt_init(Checkpointer* c, Comm* comm, const CkptChunk* chunks, int nchunks, Optimizer* opt,
+               const char* dir, int every, int keep, const CkptHparams* hp) {
     memset(c, 0, sizeof *c);
-    if (nchunks != opt->nbufs) fatal("internal: ckpt_init: %d chunks for %d optimizer buffers", nchunks, opt->nbufs);
+    if (nchunks != opt->nbufs)
+        fatal("internal: ckpt_init: %d chunks for %d optimizer buffers", nchunks, opt->nbufs);
     c->comm = comm;
     c->nchunks = nchunks;
     c->chunks = xmalloc(sizeof(CkptChunk) * (size_t)nchunks);
@@ -148,8 +149,10 @@ static int write_model_file(Checkpointer* c, const char* path, int version, char
 
 void ckpt_save_model(Checkpointer* c, const char* path, int version) {
     char tmp[CKPT_PATH + 8], err[1024];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) ckpt_fail_all(c->comm, "path too long: %s", path);
-    if (write_model_file(c, tmp, version, err, sizeof err) != 0) ckpt_fail_all(c->comm, "--save_model: %s", err);
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+        ckpt_fail_all(c->comm, "path too long: %s", path);
+    if (write_model_file(c, tmp, version, err, sizeof err) != 0)
+        ckpt_fail_all(c->comm, "--save_model: %s", err);
     int bad = 0;
     if (c->comm->rank == 0 && rename(tmp, path) != 0) {
         ckpt_errf(err, sizeof err, "--save_model: cannot rename %s to %s: %s", tmp, path, strerror(errno));
@@ -199,8 +202,10 @@ static int ckpt_probe_dir(const Checkpointer* c, char* err, size_t errlen) {
         if (statvfs(c->dir, &sv) == 0) {
             unsigned long long avail = (unsigned long long)sv.f_bavail * sv.f_frsize;
             if (avail < need) {
-                ckpt_errf(err, errlen, "--output_dir %s: %.1f MB free on its file system, but one checkpoint "
-                          "needs %.1f MB", c->dir, avail / 1048576.0, need / 1048576.0);
+                ckpt_errf(err, errlen,
+                          "--output_dir %s: %.1f MB free on its file system, but one checkpoint "
+                          "needs %.1f MB",
+                          c->dir, avail / 1048576.0, need / 1048576.0);
                 return -1;
             }
         }
@@ -213,17 +218,25 @@ static void ckpt_decide(const Checkpointer* c, int resume, CkptVerdict* v) {
     char* err = v->msg;
     size_t errlen = sizeof v->msg;
     v->status = 1;
-    if (ckpt_probe_dir(c, err, errlen) != 0) { v->status = -1; return; }
+    if (ckpt_probe_dir(c, err, errlen) != 0) {
+        v->status = -1;
+        return;
+    }
     CkptEntry* e;
     int n;
-    if (ckpt_scan(c->dir, &e, &n, err, errlen) != 0) { v->status = -1; return; }
+    if (ckpt_scan(c->dir, &e, &n, err, errlen) != 0) {
+        v->status = -1;
+        return;
+    }
     int latest = -1;
     for (int i = 0; i < n; i++)
         if (e[i].complete) latest = i;
     if (!resume) {
         if (c->every > 0 && latest >= 0) {
-            ckpt_errf(err, errlen, "--output_dir %s already holds checkpoints (newest ckpt_%08d): pass --resume "
-                      "to continue from it, or choose another --output_dir", c->dir, e[latest].step);
+            ckpt_errf(err, errlen,
+                      "--output_dir %s already holds checkpoints (newest ckpt_%08d): pass --resume "
+                      "to continue from it, or choose another --output_dir",
+                      c->dir, e[latest].step);
             v->status = -1;
         }
         free(e);
@@ -231,8 +244,8 @@ static void ckpt_decide(const Checkpointer* c, int resume, CkptVerdict* v) {
     }
     for (int i = 0; i < n; i++)
         if (!e[i].complete && (latest < 0 || e[i].step > e[latest].step))
-            printf("resume: skipping the incomplete checkpoint %s/ckpt_%08d%s (its save did not finish)\n", c->dir,
-                   e[i].step, e[i].tmp ? ".tmp" : "");
+            printf("resume: skipping the incomplete checkpoint %s/ckpt_%08d%s (its save did not finish)\n",
+                   c->dir, e[i].step, e[i].tmp ? ".tmp" : "");
     if (latest < 0) {
         free(e);
         return;
@@ -281,10 +294,10 @@ int ckpt_start(Checkpointer* c, int resume, CkptProgress* p) {
     for (int k = 0; k < c->nchunks; k++) gpt2_load(c->chunks[k].model, f);
     snprintf(f, sizeof f, "%s/state.bin", v->path);
     Optimizer* o = c->opt;
-    int bad = ckpt_read_state(f, o->be, c->P, c->held, c->nheld, o->master, o->m, o->v,
-                              err, sizeof err);
+    int bad = ckpt_read_state(f, o->be, c->P, c->held, c->nheld, o->master, o->m, o->v, err, sizeof err);
     if (comm_allreduce_host_max_int(comm, bad ? 1 : 0) != 0)
-        ckpt_fail_all(comm, "%s", bad ? err : "resume: reading the checkpoint failed on another rank (see its message)");
+        ckpt_fail_all(comm, "%s",
+                      bad ? err : "resume: reading the checkpoint failed on another rank (see its message)");
     o->t = h.opt_t;
     *p = h.progress;
     c->last_step = h.progress.step;
@@ -366,8 +379,8 @@ void ckpt_save(Checkpointer* c, const CkptProgress* p) {
         ckpt_header_encode(&h, header);
     }
     snprintf(f, sizeof f, "%s/state.bin", tmp);
-    if (ckpt_write_state(f, o->be, P, comm->rank == 0 ? header : NULL, c->own, c->nown, o->master, o->m,
-                         o->v, err, sizeof err) != 0)
+    if (ckpt_write_state(f, o->be, P, comm->rank == 0 ? header : NULL, c->own, c->nown, o->master, o->m, o->v,
+                         err, sizeof err) != 0)
         fatal("checkpoint: %s (the previous checkpoint is kept)", err);
     comm_barrier(comm);
 

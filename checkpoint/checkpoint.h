@@ -59,9 +59,9 @@
 typedef struct {
     GPT2* model;
     const Layout* layout;
-    int dp_rank;                /* this rank's index in the layout's world (its data-parallel rank) */
-    int writer;                 /* this rank writes the chunk's tensors into model.bin */
-    int skip_wte;               /* wte is a tied copy that another rank writes (tensor and state) */
+    int dp_rank;  /* this rank's index in the layout's world (its data-parallel rank) */
+    int writer;   /* this rank writes the chunk's tensors into model.bin */
+    int skip_wte; /* wte is a tied copy that another rank writes (tensor and state) */
 } CkptChunk;
 
 /* One rank's checkpointing, bound by ckpt_init to the run: its model chunks
@@ -71,25 +71,25 @@ typedef struct {
     Comm* comm;
     CkptChunk* chunks;
     int nchunks;
-    GPT2Config cfg;             /* the whole model's shape */
-    size_t P;                   /* and parameter count */
+    GPT2Config cfg; /* the whole model's shape */
+    size_t P;       /* and parameter count */
     Optimizer* opt;
-    const char* dir;            /* --output_dir */
-    int every, keep;            /* --checkpoint_every, --checkpoints_keep */
+    const char* dir; /* --output_dir */
+    int every, keep; /* --checkpoint_every, --checkpoints_keep */
     CkptHparams hp;
-    CkptSpan* own;              /* ranges this rank writes (its slice of every bucket) */
+    CkptSpan* own; /* ranges this rank writes (its slice of every bucket) */
     int nown;
-    CkptSpan* held;             /* ranges of this rank's optimizer state (read on resume) */
+    CkptSpan* held; /* ranges of this rank's optimizer state (read on resume) */
     int nheld;
-    int last_step;              /* step of the newest complete checkpoint, -1 if none */
+    int last_step; /* step of the newest complete checkpoint, -1 if none */
 } Checkpointer;
 
 /* ---- the trainer's interface ---- */
 
 /* Binds the checkpointer to the run (no I/O): chunks[k] is what opt->bufs[k]
  * updates. dir may be "" when every == 0. */
-void ckpt_init(Checkpointer* c, Comm* comm, const CkptChunk* chunks, int nchunks, Optimizer* opt, const char* dir,
-               int every, int keep, const CkptHparams* hp);
+void ckpt_init(Checkpointer* c, Comm* comm, const CkptChunk* chunks, int nchunks, Optimizer* opt,
+               const char* dir, int every, int keep, const CkptHparams* hp);
 /* Start-up, collective, before training writes anything. If dir is set:
  * creates it, checks on rank 0 that a file can be written there (and, when
  * checkpointing, that the file system has room for one checkpoint), and

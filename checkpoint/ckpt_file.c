@@ -23,7 +23,10 @@ int ckpt_pread_full(int fd, void* buf, size_t bytes, long long off) {
         ssize_t r = pread(fd, p, bytes, (off_t)off);
         if (r < 0 && errno == EINTR) continue;
         if (r < 0) return -1;
-        if (r == 0) { errno = 0; return -1; }   /* end of file: truncated */
+        if (r == 0) {
+            errno = 0;
+            return -1;
+        } /* end of file: truncated */
         p += r;
         bytes -= (size_t)r;
         off += r;
@@ -37,7 +40,10 @@ int ckpt_pwrite_full(int fd, const void* buf, size_t bytes, long long off) {
         ssize_t r = pwrite(fd, p, bytes, (off_t)off);
         if (r < 0 && errno == EINTR) continue;
         if (r < 0) return -1;
-        if (r == 0) { errno = ENOSPC; return -1; }
+        if (r == 0) {
+            errno = ENOSPC;
+            return -1;
+        }
         p += r;
         bytes -= (size_t)r;
         off += r;
@@ -213,8 +219,14 @@ int ckpt_parse_name(const char* name, int* tmp) {
         nd++;
     }
     if (nd < 8) return -1;
-    if (*p == '\0') { *tmp = 0; return (int)v; }
-    if (strcmp(p, ".tmp") == 0) { *tmp = 1; return (int)v; }
+    if (*p == '\0') {
+        *tmp = 0;
+        return (int)v;
+    }
+    if (strcmp(p, ".tmp") == 0) {
+        *tmp = 1;
+        return (int)v;
+    }
     return -1;
 }
 
@@ -273,8 +285,7 @@ static int ckpt_read_head(const char* path, unsigned char* buf, size_t bytes) {
     return rc;
 }
 
-int ckpt_verify(const char* path, const GPT2Config* cfg, size_t P, CkptHeader* h, char* err,
-                size_t errlen) {
+int ckpt_verify(const char* path, const GPT2Config* cfg, size_t P, CkptHeader* h, char* err, size_t errlen) {
     char f[CKPT_PATH + 16], e2[512];
     char text[CKPT_DONE_MAX];
     size_t n;
@@ -351,8 +362,8 @@ int ckpt_verify(const char* path, const GPT2Config* cfg, size_t P, CkptHeader* h
 
 /* ---------------------------------------------------------- state I/O */
 
-int ckpt_read_state(const char* path, Backend* be, size_t P, const CkptSpan* spans, int nspans,
-                    float* master, float* m, float* v, char* err, size_t errlen) {
+int ckpt_read_state(const char* path, Backend* be, size_t P, const CkptSpan* spans, int nspans, float* master,
+                    float* m, float* v, char* err, size_t errlen) {
     int fd = open(path, O_RDONLY);
     if (fd < 0) {
         ckpt_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
@@ -365,8 +376,8 @@ int ckpt_read_state(const char* path, Backend* be, size_t P, const CkptSpan* spa
     for (int s = 0; s < nspans && rc == 0; s++) {
         const CkptSpan* sp = &spans[s];
         if (sp->canon_off + sp->len > P) {
-            ckpt_errf(err, errlen, "%s: range [%zu, +%zu) is outside the %zu parameters", path,
-                      sp->canon_off, sp->len, P);
+            ckpt_errf(err, errlen, "%s: range [%zu, +%zu) is outside the %zu parameters", path, sp->canon_off,
+                      sp->len, P);
             rc = -1;
             break;
         }
@@ -397,8 +408,8 @@ int ckpt_read_state(const char* path, Backend* be, size_t P, const CkptSpan* spa
 }
 
 int ckpt_write_state(const char* path, Backend* be, size_t P, const unsigned char* header,
-                     const CkptSpan* spans, int nspans, const float* master, const float* m,
-                     const float* v, char* err, size_t errlen) {
+                     const CkptSpan* spans, int nspans, const float* master, const float* m, const float* v,
+                     char* err, size_t errlen) {
     int fd = open(path, O_WRONLY | O_CREAT, 0644);
     if (fd < 0) {
         ckpt_errf(err, errlen, "%s: cannot create: %s", path, strerror(errno));

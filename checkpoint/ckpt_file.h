@@ -19,7 +19,7 @@
 #include "ckpt_format.h"
 
 #define CKPT_PATH 4096
-#define CKPT_CHUNK ((size_t)1 << 20)   /* elements per staging chunk (4 MB) */
+#define CKPT_CHUNK ((size_t)1 << 20) /* elements per staging chunk (4 MB) */
 
 /* pread/pwrite of exactly `bytes` at `off`, retried on EINTR and short
  * counts. 0, or -1 with errno set (pread: errno 0 at the end of the file,
@@ -51,8 +51,8 @@ int ckpt_crc32_file(const char* path, uint32_t* crc, long long* bytes, char* err
 
 typedef struct {
     int step;
-    int tmp;        /* name ends in .tmp */
-    int complete;   /* not tmp, and DONE exists */
+    int tmp;      /* name ends in .tmp */
+    int complete; /* not tmp, and DONE exists */
 } CkptEntry;
 
 /* "ckpt_" + at least 8 digits (a value that fits an int) [+ ".tmp"]: the
@@ -72,19 +72,18 @@ int ckpt_scan(const char* dir, CkptEntry** out, int* n, char* err, size_t errlen
  * sizes and checksums; model.bin's header is an fp32 llm.c header of shape
  * cfg and its size fits P; state.bin's header decodes, has shape cfg and P
  * parameters, the size fits P, and its step is DONE's. Fills *h. */
-int ckpt_verify(const char* path, const GPT2Config* cfg, size_t P, CkptHeader* h, char* err,
-                size_t errlen);
+int ckpt_verify(const char* path, const GPT2Config* cfg, size_t P, CkptHeader* h, char* err, size_t errlen);
 /* Writes the spans of master/m/v (backend memory, through a host staging
  * buffer) into path at their canonical offsets, creating the file but never
  * truncating it (every rank writes its own ranges into the one file, in any
  * order), and the header too when header != NULL (rank 0); then fsyncs. */
 int ckpt_write_state(const char* path, Backend* be, size_t P, const unsigned char* header,
-                     const CkptSpan* spans, int nspans, const float* master, const float* m,
-                     const float* v, char* err, size_t errlen);
+                     const CkptSpan* spans, int nspans, const float* master, const float* m, const float* v,
+                     char* err, size_t errlen);
 /* Reads the spans of state.bin (P parameters) into master/m/v (backend
  * memory, through a host staging buffer), refusing non-finite values and
  * negative second moments. */
-int ckpt_read_state(const char* path, Backend* be, size_t P, const CkptSpan* spans, int nspans,
-                    float* master, float* m, float* v, char* err, size_t errlen);
+int ckpt_read_state(const char* path, Backend* be, size_t P, const CkptSpan* spans, int nspans, float* master,
+                    float* m, float* v, char* err, size_t errlen);
 
 #endif

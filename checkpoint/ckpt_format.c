@@ -31,6 +31,7 @@ void ckpt_errf(char* err, size_t errlen, const char* fmt, ...) {
  * encoding; any other type does not compile), the printed name, the decode
  * range [lo, hi], the role on resume, and for MUST_MATCH the error (two %s:
  * the run's value, the checkpoint's). */
+/* clang-format off */
 #define CKPT_TYPE_OF(member) \
     _Generic(((CkptHeader*)0)->member, int: CKPT_I32, long long: CKPT_I64, uint64_t: CKPT_U64, float: CKPT_F32)
 #define FIELD(slot, member, name, lo, hi, role, mismatch) \
@@ -77,6 +78,7 @@ const CkptField ckpt_fields[] = {
     FIELD(31, hp.grad_clip,            "--grad_clip",                0,    0,           MAY_CHANGE, NULL),
     FIELD(32, dtype,                   "dtype",                      0,    1,           INFO, NULL),
 };
+/* clang-format on */
 const int ckpt_nfields = (int)(sizeof ckpt_fields / sizeof ckpt_fields[0]);
 
 #undef FIELD
@@ -100,8 +102,8 @@ static float ckpt_bitsf(uint64_t v) {
 uint64_t ckpt_field_bits(const CkptField* f, const CkptHeader* h) {
     const void* p = ckpt_member(f, h);
     switch (f->type) {
-    case CKPT_I32: return (uint64_t)(int64_t)*(const int*)p;
-    case CKPT_I64: return (uint64_t)(int64_t)*(const long long*)p;
+    case CKPT_I32: return (uint64_t)(int64_t) * (const int*)p;
+    case CKPT_I64: return (uint64_t)(int64_t) * (const long long*)p;
     case CKPT_U64: return *(const uint64_t*)p;
     case CKPT_F32: return ckpt_fbits(*(const float*)p);
     }
@@ -118,15 +120,11 @@ static int ckpt_field_set(const CkptField* f, CkptHeader* h, uint64_t v) {
         if (s < f->lo || s > f->hi) return 1;
         *(int*)p = (int)s;
         return 0;
-    case CKPT_I64:
-        *(long long*)p = (long long)s;
-        return s < f->lo || s > f->hi;
+    case CKPT_I64: *(long long*)p = (long long)s; return s < f->lo || s > f->hi;
     case CKPT_U64:
         *(uint64_t*)p = v;
         return v < (uint64_t)f->lo || (f->hi != CKPT_NO_MAX && v > (uint64_t)f->hi);
-    case CKPT_F32:
-        *(float*)p = ckpt_bitsf(v);
-        return !isfinite(*(float*)p);
+    case CKPT_F32: *(float*)p = ckpt_bitsf(v); return !isfinite(*(float*)p);
     }
     return 1;
 }
@@ -186,7 +184,8 @@ int ckpt_header_decode(const unsigned char* in, size_t n, CkptHeader* h, char* e
     }
     if (ckpt_get(in, CKPT_SLOT_VERSION) != CKPT_VERSION ||
         ckpt_get(in, CKPT_SLOT_HEADER_BYTES) != CKPT_HEADER_BYTES) {
-        ckpt_errf(err, errlen, "unsupported checkpoint version %llu (header %llu bytes; expected version %d, %d bytes)",
+        ckpt_errf(err, errlen,
+                  "unsupported checkpoint version %llu (header %llu bytes; expected version %d, %d bytes)",
                   (unsigned long long)ckpt_get(in, CKPT_SLOT_VERSION),
                   (unsigned long long)ckpt_get(in, CKPT_SLOT_HEADER_BYTES), CKPT_VERSION, CKPT_HEADER_BYTES);
         return -1;
@@ -263,10 +262,12 @@ int ckpt_shape_check(const GPT2Config* saved, const GPT2Config* run, char* err, 
     b.cfg = *run;
     for (int i = 0; i < ckpt_nfields; i++)
         if (ckpt_fields[i].role == CKPT_SHAPE && !ckpt_field_equal(&ckpt_fields[i], &a, &b)) {
-            ckpt_errf(err, errlen, "the checkpoint's model shape (L %d, NH %d, C %d, maxT %d, V %d) differs "
-                      "from the run's (L %d, NH %d, C %d, maxT %d, V %d)", saved->num_layers, saved->num_heads,
-                      saved->channels, saved->max_seq_len, saved->vocab_size, run->num_layers, run->num_heads,
-                      run->channels, run->max_seq_len, run->vocab_size);
+            ckpt_errf(err, errlen,
+                      "the checkpoint's model shape (L %d, NH %d, C %d, maxT %d, V %d) differs "
+                      "from the run's (L %d, NH %d, C %d, maxT %d, V %d)",
+                      saved->num_layers, saved->num_heads, saved->channels, saved->max_seq_len,
+                      saved->vocab_size, run->num_layers, run->num_heads, run->channels, run->max_seq_len,
+                      run->vocab_size);
             return -1;
         }
     return 0;
@@ -274,8 +275,8 @@ int ckpt_shape_check(const GPT2Config* saved, const GPT2Config* run, char* err, 
 
 int ckpt_model_header_check(const unsigned char* buf, const GPT2Config* run, char* err, size_t errlen) {
     int32_t h[GPT2_HEADER_INTS];
-    memcpy(h, buf, sizeof h);   /* little-endian host */
-    if (h[0] != GPT2_MODEL_MAGIC || h[1] != 3) {   /* a checkpoint's model.bin is fp32 */
+    memcpy(h, buf, sizeof h);                    /* little-endian host */
+    if (h[0] != GPT2_MODEL_MAGIC || h[1] != 3) { /* a checkpoint's model.bin is fp32 */
         ckpt_errf(err, errlen, "not an fp32 llm.c model file (magic %d, version %d)", h[0], h[1]);
         return -1;
     }
@@ -343,7 +344,8 @@ int ckpt_done_parse(const char* text, size_t n, CkptDone* d, char* err, size_t e
     bad = bad || ckpt_take(&t, "\n") || t.p != t.end;
     if (bad) {
         memset(d, 0, sizeof *d);
-        ckpt_errf(err, errlen, "malformed completion marker (expected the lines 'gpt2-checkpoint v1', "
+        ckpt_errf(err, errlen,
+                  "malformed completion marker (expected the lines 'gpt2-checkpoint v1', "
                   "'step S', 'model.bin BYTES crc32 HEX8', 'state.bin BYTES crc32 HEX8')");
         return -1;
     }
@@ -352,14 +354,15 @@ int ckpt_done_parse(const char* text, size_t n, CkptDone* d, char* err, size_t e
 }
 
 int ckpt_done_format(const CkptDone* d, char* out, size_t n) {
-    return snprintf(out, n, "gpt2-checkpoint v1\nstep %d\nmodel.bin %lld crc32 %08x\nstate.bin %lld crc32 %08x\n",
+    return snprintf(out, n,
+                    "gpt2-checkpoint v1\nstep %d\nmodel.bin %lld crc32 %08x\nstate.bin %lld crc32 %08x\n",
                     d->step, d->model_bytes, d->model_crc, d->state_bytes, d->state_crc);
 }
 
 /* ---------------------------------------------------------- span map */
 
-CkptSpan* ckpt_spans(const Layout* L, const GPT2* m, const OptPiece* held, int nheld,
-                     const OptPiece* want, int nwant, int* n) {
+CkptSpan* ckpt_spans(const Layout* L, const GPT2* m, const OptPiece* held, int nheld, const OptPiece* want,
+                     int nwant, int* n) {
     CkptSpan* out = xmalloc((size_t)(nwant > 0 ? nwant : 1) * sizeof *out);
     for (int i = 0; i < nwant; i++) {
         const OptPiece* w = &want[i];
@@ -381,7 +384,8 @@ CkptSpan* ckpt_spans(const Layout* L, const GPT2* m, const OptPiece* held, int n
         if (nheld == 0 || w->len == 0 || p->offset > w->buf_off || w->buf_off + w->len > p->offset + p->numel ||
             held[a].buf_off > w->buf_off || w->buf_off + w->len > held[a].buf_off + held[a].len)
             fatal("checkpoint: internal error: buffer range [%zu, +%zu) is not inside one parameter "
-                  "and one optimizer piece", w->buf_off, w->len);
+                  "and one optimizer piece",
+                  w->buf_off, w->len);
         const GPT2Tensor* t = &m->tensors[m->layout_to_tensor[lo]];
         /* (a row chunk of wte starts spec_off elements into the tensor) */
         out[i].canon_off = t->file_off + p->spec_off + (w->buf_off - p->offset);

@@ -51,7 +51,7 @@
 #define CKPT_SLOT_VERSION 1
 #define CKPT_SLOT_HEADER_BYTES 2
 #define CKPT_FIRST_FIELD_SLOT 3
-#define CKPT_DONE_MAX 4096      /* DONE is a few lines; anything this long is corrupt */
+#define CKPT_DONE_MAX 4096 /* DONE is a few lines; anything this long is corrupt */
 
 /* The run's settings recorded in state.bin (each has a row in ckpt_fields). */
 typedef struct {
@@ -59,7 +59,7 @@ typedef struct {
     int sequence_length;
     int seed;
     int shuffle;
-    uint64_t train_rows;        /* rows of T+1 tokens in one epoch of the training data */
+    uint64_t train_rows; /* rows of T+1 tokens in one epoch of the training data */
     /* recorded; may change on resume (each change is printed) */
     long long total_batch_size;
     int batch_size, world, zero_stage, num_iterations;
@@ -69,9 +69,9 @@ typedef struct {
 
 /* Where the training loop stands. */
 typedef struct {
-    int step;                   /* optimizer steps completed (skipped ones included) */
-    uint64_t next_row;          /* global row index of the next step's first row */
-    int bad_streak;             /* consecutive skipped (non-finite) steps so far */
+    int step;          /* optimizer steps completed (skipped ones included) */
+    uint64_t next_row; /* global row index of the next step's first row */
+    int bad_streak;    /* consecutive skipped (non-finite) steps so far */
 } CkptProgress;
 
 /* state.bin's header, decoded. Every member but version is a row of
@@ -81,8 +81,8 @@ typedef struct {
     uint64_t num_parameters;
     GPT2Config cfg;
     CkptProgress progress;
-    int opt_t;                  /* AdamW updates taken (bias correction) */
-    int dtype;                  /* the run's DType at save (informational) */
+    int opt_t; /* AdamW updates taken (bias correction) */
+    int dtype; /* the run's DType at save (informational) */
     CkptHparams hp;
 } CkptHeader;
 
@@ -96,8 +96,8 @@ typedef struct {
 /* One range of this rank's optimizer state and where it lives in the
  * canonical arrays of state.bin. */
 typedef struct {
-    size_t state_off;           /* element offset in the optimizer's master/m/v */
-    size_t canon_off;           /* element offset in each canonical array */
+    size_t state_off; /* element offset in the optimizer's master/m/v */
+    size_t canon_off; /* element offset in each canonical array */
     size_t len;
 } CkptSpan;
 
@@ -119,16 +119,16 @@ typedef enum { CKPT_I32, CKPT_I64, CKPT_U64, CKPT_F32 } CkptType;
  *   INFO        recorded only. */
 typedef enum { CKPT_SHAPE, CKPT_DERIVED, CKPT_PROGRESS, CKPT_MUST_MATCH, CKPT_MAY_CHANGE, CKPT_INFO } CkptRole;
 
-#define CKPT_NO_MAX 0x7fffffffffffffffLL   /* hi of a field with no upper bound */
+#define CKPT_NO_MAX 0x7fffffffffffffffLL /* hi of a field with no upper bound */
 
 typedef struct {
     int slot;
-    const char* name;           /* as printed (a flag where the setting is one) */
+    const char* name; /* as printed (a flag where the setting is one) */
     CkptType type;
-    size_t off;                 /* offset of the member in CkptHeader */
-    long long lo, hi;           /* decode range, inclusive (F32: ignored, must be finite) */
+    size_t off;       /* offset of the member in CkptHeader */
+    long long lo, hi; /* decode range, inclusive (F32: ignored, must be finite) */
     CkptRole role;
-    const char* mismatch;       /* MUST_MATCH only */
+    const char* mismatch; /* MUST_MATCH only */
 } CkptField;
 
 /* The table, in the order of the resume checks and of the printed changes
@@ -183,8 +183,8 @@ int ckpt_done_format(const CkptDone* d, char* out, size_t n);
  * parameter's spec_off inside its tensor (a row chunk of wte) and file_off).
  * Returns a new array of *n = nwant spans; fatal on a range that is not
  * inside one parameter and one piece. */
-CkptSpan* ckpt_spans(const Layout* L, const GPT2* m, const OptPiece* held, int nheld,
-                     const OptPiece* want, int nwant, int* n);
+CkptSpan* ckpt_spans(const Layout* L, const GPT2* m, const OptPiece* held, int nheld, const OptPiece* want,
+                     int nwant, int* n);
 
 /* CRC-32 (zlib's polynomial 0xEDB88320, init and final xor 0xFFFFFFFF),
  * chained: ckpt_crc32(ckpt_crc32(0, a, n), b, k) is the CRC of a then b. */

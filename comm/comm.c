@@ -72,27 +72,27 @@
 typedef struct {
     void* p;
     size_t bytes;
-    int pinned;   /* cudaMallocHost (device-backend staging) */
-    int tracked;  /* allocated through be->alloc (host backend) */
+    int pinned;  /* cudaMallocHost (device-backend staging) */
+    int tracked; /* allocated through be->alloc (host backend) */
     int in_use;
 } CommScratch;
 
 typedef struct {
 #ifdef USE_MPI
-    MPI_Comm mpi;          /* collectives and helpers: a duplicate of MPI_COMM_WORLD, or the
-                            * group's (MPI_COMM_NULL for a comm_split group of one rank) */
-    MPI_Comm p2p_mpi;      /* point to point (comm_p2p_setup), else MPI_COMM_NULL */
-    int tag_ub;            /* MPI_TAG_UB */
-    MPI_Comm local;        /* the job communicator only: the ranks of this host (shared-memory split) */
-    int mpi_owned;         /* we called MPI_Init, so we call MPI_Finalize */
+    MPI_Comm mpi;     /* collectives and helpers: a duplicate of MPI_COMM_WORLD, or the
+                       * group's (MPI_COMM_NULL for a comm_split group of one rank) */
+    MPI_Comm p2p_mpi; /* point to point (comm_p2p_setup), else MPI_COMM_NULL */
+    int tag_ub;       /* MPI_TAG_UB */
+    MPI_Comm local;   /* the job communicator only: the ranks of this host (shared-memory split) */
+    int mpi_owned;    /* we called MPI_Init, so we call MPI_Finalize */
 #endif
-    int root;              /* made by comm_bootstrap (owns the fatal hook), not by comm_split */
-    int setup;             /* comm_setup done, or a comm_split result */
-    int p2p;               /* comm_p2p_setup done */
-    int job_world;         /* ranks in the whole job: above 1, an abort ends them with MPI_Abort */
-    int* global;           /* global rank of each of the world ranks of this communicator */
-    int device;            /* the compute backend is "cuda": buffers are device pointers */
-    void* nccl;            /* CommNccl* when kind == COMM_NCCL */
+    int root;      /* made by comm_bootstrap (owns the fatal hook), not by comm_split */
+    int setup;     /* comm_setup done, or a comm_split result */
+    int p2p;       /* comm_p2p_setup done */
+    int job_world; /* ranks in the whole job: above 1, an abort ends them with MPI_Abort */
+    int* global;   /* global rank of each of the world ranks of this communicator */
+    int device;    /* the compute backend is "cuda": buffers are device pointers */
+    void* nccl;    /* CommNccl* when kind == COMM_NCCL */
     CommScratch* pool;
     int npool, cap;
     int aborting;
@@ -101,18 +101,18 @@ typedef struct {
 /* One MPI-backend collective or transfer in flight (CommHandle.impl). */
 typedef struct {
     CommOp op;
-    int peer, tag;         /* send / receive */
-    size_t count, slice;   /* slice = count / world */
+    int peer, tag;       /* send / receive */
+    size_t count, slice; /* slice = count / world */
     DType dt;
     int average;
-    void* buf;             /* the caller's buffer (device pointer when staged) */
-    void* host;            /* host view of the data: buf, or the pinned copy */
-    float* f32;            /* fp32 staging of a bf16 reduction, else NULL */
-    void* recv;            /* reduce-scatter result: slice elements of the reduce type */
+    void* buf;  /* the caller's buffer (device pointer when staged) */
+    void* host; /* host view of the data: buf, or the pinned copy */
+    float* f32; /* fp32 staging of a bf16 reduction, else NULL */
+    void* recv; /* reduce-scatter result: slice elements of the reduce type */
 #ifdef USE_MPI
     MPI_Request req;
-    MPI_Status st;         /* of the completed request (a receive's tag and count) */
-    int done;              /* req completed, st filled (a later MPI_Test would empty st) */
+    MPI_Status st; /* of the completed request (a receive's tag and count) */
+    int done;      /* req completed, st filled (a later MPI_Test would empty st) */
 #endif
 } CommMpiReq;
 
@@ -204,8 +204,10 @@ static void comm_mpi_check(Comm* c, int rc, const char* what) {
 static void comm_mpi_test_check(Comm* c, int rc, const char* what) {
     int cls = MPI_SUCCESS;
     if (rc != MPI_SUCCESS && MPI_Error_class(rc, &cls) == MPI_SUCCESS && cls == MPI_ERR_TRUNCATE)
-        comm_abortf(c, "%s failed: the peer sent more elements than this receive expects (sends and receives "
-                    "between two ranks must be posted in the same order, with the same counts)", what);
+        comm_abortf(c,
+                    "%s failed: the peer sent more elements than this receive expects (sends and receives "
+                    "between two ranks must be posted in the same order, with the same counts)",
+                    what);
     comm_mpi_check(c, rc, what);
 }
 
@@ -218,8 +220,7 @@ static void comm_mpi_wait_req_status(Comm* c, MPI_Request* r, MPI_Status* st, co
         comm_mpi_test_check(c, MPI_Test(r, &done, st), what);
         if (done) return;
         if (wall_time_s() - t0 > c->timeout_s)
-            comm_abortf(c, "%s did not complete within %g s: a peer rank died or stalled", what,
-                        c->timeout_s);
+            comm_abortf(c, "%s did not complete within %g s: a peer rank died or stalled", what, c->timeout_s);
         comm_sleep_us(50);
     }
 }
@@ -395,8 +396,7 @@ void comm_setup(Comm* c, const char* want, Backend* be, double timeout_s) {
     if (!want) want = "auto";
     int w_auto = strcmp(want, "auto") == 0, w_nccl = strcmp(want, "nccl") == 0,
         w_mpi = strcmp(want, "mpi") == 0;
-    if (!w_auto && !w_nccl && !w_mpi)
-        fatal("--comm: unknown value '%s' (expected auto, nccl or mpi)", want);
+    if (!w_auto && !w_nccl && !w_mpi) fatal("--comm: unknown value '%s' (expected auto, nccl or mpi)", want);
     if (timeout_s > 0) c->timeout_s = timeout_s;
     c->be = be;
     int is_cuda = be && be->name && strcmp(be->name, "cuda") == 0;
@@ -414,10 +414,12 @@ void comm_setup(Comm* c, const char* want, Backend* be, double timeout_s) {
         if (!is_cuda) fatal("--comm nccl needs --device cuda (this run is on the CPU)");
 #ifdef USE_CUDA
         if (shared == 1)
-            fatal("--comm nccl: %d ranks share %d GPU(s) on this host; NCCL refuses two ranks on one GPU: use --comm mpi",
-                  c->local_world, ngpu);
+            fatal(
+                "--comm nccl: %d ranks share %d GPU(s) on this host; NCCL refuses two ranks on one GPU: use --comm mpi",
+                c->local_world, ngpu);
         if (shared == 2)
-            fatal("--comm nccl: two ranks of another host share a GPU; NCCL refuses two ranks on one GPU: use --comm mpi");
+            fatal(
+                "--comm nccl: two ranks of another host share a GPU; NCCL refuses two ranks on one GPU: use --comm mpi");
         kind = COMM_NCCL;
 #else
         fatal("--comm nccl: this binary was built without CUDA/NCCL; rebuild with nvcc on the PATH");
@@ -443,8 +445,9 @@ void comm_setup(Comm* c, const char* want, Backend* be, double timeout_s) {
     int hi = comm_allreduce_host_max_int(c, (int)kind);
     int lo = -comm_allreduce_host_max_int(c, -(int)kind);
     if (hi != lo)
-        fatal("--comm %s: the ranks chose different collective backends (%s on some, %s on others); pass --comm mpi",
-              want, comm_kind_name((CommKind)lo), comm_kind_name((CommKind)hi));
+        fatal(
+            "--comm %s: the ranks chose different collective backends (%s on some, %s on others); pass --comm mpi",
+            want, comm_kind_name((CommKind)lo), comm_kind_name((CommKind)hi));
 
 #ifdef USE_CUDA
     if (m->nccl) {
@@ -470,16 +473,16 @@ void comm_allgather_host(Comm* c, const void* mine, void* all, size_t bytes) {
     MPI_Request r;
     char what[96];
     snprintf(what, sizeof what, "host all-gather of %zu bytes per rank", bytes);
-    comm_mpi_check(c, MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, all, (int)bytes, MPI_BYTE,
-                                     comm_impl(c)->mpi, &r), what);
+    comm_mpi_check(
+        c, MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, all, (int)bytes, MPI_BYTE, comm_impl(c)->mpi, &r),
+        what);
     comm_mpi_wait_req(c, &r, what);
 #endif
 }
 
 int comm_split(Comm* parent, int color, int key, Comm* out) {
     CommImpl* pm = comm_impl(parent);
-    if (!pm || !pm->setup)
-        fatal("comm_split: the parent communicator is not set up (call comm_setup first)");
+    if (!pm || !pm->setup) fatal("comm_split: the parent communicator is not set up (call comm_setup first)");
     if (out == parent) fatal("comm_split: out must not be the parent communicator");
     if (color < 0) color = COMM_COLOR_NONE;
     int W = parent->world;
@@ -531,8 +534,7 @@ int comm_split(Comm* parent, int color, int key, Comm* out) {
         comm_mpi_check(parent, MPI_Comm_split(pm->mpi, n > 1 ? color : MPI_UNDEFINED, key, &m->mpi),
                        "MPI_Comm_split");
         if (n > 1) {
-            comm_mpi_check(out, MPI_Comm_set_errhandler(m->mpi, MPI_ERRORS_RETURN),
-                           "MPI_Comm_set_errhandler");
+            comm_mpi_check(out, MPI_Comm_set_errhandler(m->mpi, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
             int r = -1, w = -1;
             MPI_Comm_rank(m->mpi, &r);
             MPI_Comm_size(m->mpi, &w);
@@ -556,19 +558,18 @@ static void comm_check_args(Comm* c, CommOp op, void* buf, size_t count, CommHan
     if (!h) fatal("comm %s: NULL handle", comm_op_name(op));
     if (count > 0 && !buf) fatal("comm %s: NULL buffer of %zu elements", comm_op_name(op), count);
     if (op != COMM_OP_ALLREDUCE && count % (size_t)c->world != 0)
-        fatal("comm %s: count %zu does not divide by the world size %d", comm_op_name(op), count,
-              c->world);
+        fatal("comm %s: count %zu does not divide by the world size %d", comm_op_name(op), count, c->world);
 }
 
 #ifdef USE_MPI
-static void comm_mpi_start(Comm* c, CommOp op, void* buf, size_t count, DType dt, int average,
-                           CommHandle* h) {
+static void comm_mpi_start(Comm* c, CommOp op, void* buf, size_t count, DType dt, int average, CommHandle* h) {
     CommImpl* m = comm_impl(c);
     size_t slice = count / (size_t)c->world;
     size_t mpicount = op == COMM_OP_ALLREDUCE ? count : slice;
     if (mpicount > (size_t)INT_MAX)
-        fatal("comm %s (mpi): %zu elements exceed MPI's int count limit (%d) for one collective; use smaller buckets",
-              comm_op_name(op), mpicount, INT_MAX);
+        fatal(
+            "comm %s (mpi): %zu elements exceed MPI's int count limit (%d) for one collective; use smaller buckets",
+            comm_op_name(op), mpicount, INT_MAX);
     CommMpiReq* r = (CommMpiReq*)xcalloc(1, sizeof *r);
     r->op = op;
     r->count = count;
@@ -584,8 +585,7 @@ static void comm_mpi_start(Comm* c, CommOp op, void* buf, size_t count, DType dt
         r->host = comm_scratch_get(c, count * es, 1);
         if (op == COMM_OP_ALLGATHER) /* only this rank's slice is input */
             comm_cuda_to_host(c, (char*)r->host + own_off, (const char*)buf + own_off, slice * es);
-        else
-            comm_cuda_to_host(c, r->host, buf, count * es);
+        else comm_cuda_to_host(c, r->host, buf, count * es);
 #else
         fatal("comm: a device backend in a build without CUDA");
 #endif
@@ -597,8 +597,9 @@ static void comm_mpi_start(Comm* c, CommOp op, void* buf, size_t count, DType dt
     snprintf(what, sizeof what, "MPI %s launch", comm_op_name(op));
     if (op == COMM_OP_ALLGATHER) {
         MPI_Datatype t = dt == DTYPE_BF16 ? MPI_UINT16_T : MPI_FLOAT;
-        comm_mpi_check(c, MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, r->host, (int)slice, t,
-                                         m->mpi, &r->req), what);
+        comm_mpi_check(
+            c, MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, r->host, (int)slice, t, m->mpi, &r->req),
+            what);
     } else {
         /* reductions in fp32: widen bf16 first */
         float* red = (float*)r->host;
@@ -609,12 +610,13 @@ static void comm_mpi_start(Comm* c, CommOp op, void* buf, size_t count, DType dt
             red = r->f32;
         }
         if (op == COMM_OP_ALLREDUCE) {
-            comm_mpi_check(c, MPI_Iallreduce(MPI_IN_PLACE, red, (int)count, MPI_FLOAT, MPI_SUM, m->mpi,
-                                             &r->req), what);
+            comm_mpi_check(
+                c, MPI_Iallreduce(MPI_IN_PLACE, red, (int)count, MPI_FLOAT, MPI_SUM, m->mpi, &r->req), what);
         } else {
             r->recv = comm_scratch_get(c, slice * sizeof(float), 0);
-            comm_mpi_check(c, MPI_Ireduce_scatter_block(red, r->recv, (int)slice, MPI_FLOAT, MPI_SUM,
-                                                        m->mpi, &r->req), what);
+            comm_mpi_check(
+                c, MPI_Ireduce_scatter_block(red, r->recv, (int)slice, MPI_FLOAT, MPI_SUM, m->mpi, &r->req),
+                what);
         }
     }
     h->impl = r;
@@ -659,8 +661,7 @@ static void comm_mpi_finish(Comm* c, CommHandle* h) {
 #ifdef USE_CUDA
         if (r->op == COMM_OP_REDUCE_SCATTER)
             comm_cuda_to_device(c, (char*)r->buf + own_off, (const char*)r->host + own_off, r->slice * es, 0);
-        else
-            comm_cuda_to_device(c, r->buf, r->host, r->count * es, 0);
+        else comm_cuda_to_device(c, r->buf, r->host, r->count * es, 0);
         comm_scratch_put(c, r->host);
 #endif
     }
@@ -706,10 +707,9 @@ static void comm_mpi_p2p_start(Comm* c, CommOp op, void* buf, size_t count, DTyp
     }
     MPI_Datatype t = dt == DTYPE_BF16 ? MPI_UINT16_T : MPI_FLOAT;
     if (op == COMM_OP_SEND)
-        comm_mpi_check(c, MPI_Isend(r->host, (int)count, t, peer, comm_mpi_wire_tag(m, tag), m->p2p_mpi,
-                                    &r->req), what);
-    else
-        comm_mpi_check(c, MPI_Irecv(r->host, (int)count, t, peer, MPI_ANY_TAG, m->p2p_mpi, &r->req), what);
+        comm_mpi_check(
+            c, MPI_Isend(r->host, (int)count, t, peer, comm_mpi_wire_tag(m, tag), m->p2p_mpi, &r->req), what);
+    else comm_mpi_check(c, MPI_Irecv(r->host, (int)count, t, peer, MPI_ANY_TAG, m->p2p_mpi, &r->req), what);
     h->impl = r;
 }
 
@@ -724,9 +724,11 @@ static void comm_mpi_p2p_finish(Comm* c, CommHandle* h) {
         int got = -1;
         MPI_Get_count(&st, r->dt == DTYPE_BF16 ? MPI_UINT16_T : MPI_FLOAT, &got);
         if (st.MPI_TAG != comm_mpi_wire_tag(m, r->tag) || got != (int)r->count)
-            comm_abortf(c, "%s: the message that arrived has tag %d and %d elements: sends and receives between two "
-                        "ranks must be posted in the same order, with the same tags and counts, on both",
-                        what, st.MPI_TAG, got);
+            comm_abortf(
+                c,
+                "%s: the message that arrived has tag %d and %d elements: sends and receives between two "
+                "ranks must be posted in the same order, with the same tags and counts, on both",
+                what, st.MPI_TAG, got);
     }
     if (m->device) {
 #ifdef USE_CUDA
@@ -773,16 +775,18 @@ static void comm_p2p_start(Comm* c, CommOp op, void* buf, size_t count, DType dt
     if (count > 0 && !buf) fatal("%s: NULL buffer of %zu elements", fn, count);
     if (c->world == 1)
         fatal("%s: this communicator has one rank, so no peer (a pipeline of one stage never sends or "
-              "receives)", fn);
-    if (!m || !m->p2p)
-        fatal("%s: call comm_p2p_setup on every rank of the communicator before its first send or receive",
+              "receives)",
               fn);
+    if (!m || !m->p2p)
+        fatal("%s: call comm_p2p_setup on every rank of the communicator before its first send or receive", fn);
     if (peer < 0 || peer >= c->world || peer == c->rank)
-        fatal("%s: peer %d is not another rank of this %d-rank communicator (this is rank %d)", fn, peer, c->world,
-              c->rank);
+        fatal("%s: peer %d is not another rank of this %d-rank communicator (this is rank %d)", fn, peer,
+              c->world, c->rank);
     if (peer != (c->rank + 1) % c->world && peer != (c->rank - 1 + c->world) % c->world)
-        fatal("%s: peer %d is not a neighbour of rank %d in a %d-rank communicator (only rank + 1 and rank - 1, "
-              "modulo the world, are connected)", fn, peer, c->rank, c->world);
+        fatal(
+            "%s: peer %d is not a neighbour of rank %d in a %d-rank communicator (only rank + 1 and rank - 1, "
+            "modulo the world, are connected)",
+            fn, peer, c->rank, c->world);
     if (tag < 0) fatal("%s: tag %d is negative", fn, tag);
     h->active = 1;
     h->impl = NULL;
@@ -814,8 +818,7 @@ void comm_recv(Comm* c, void* buf, size_t count, DType dt, int peer, int tag, Co
 
 /* ------------------------------------------- collectives: launch and wait */
 
-static void comm_start(Comm* c, CommOp op, void* buf, size_t count, DType dt, int average,
-                       CommHandle* h) {
+static void comm_start(Comm* c, CommOp op, void* buf, size_t count, DType dt, int average, CommHandle* h) {
     comm_check_args(c, op, buf, count, h);
     h->active = 1;
     h->impl = NULL;
@@ -894,8 +897,7 @@ void comm_allreduce_host_sum(Comm* c, double* vals, int n) {
     MPI_Request r;
     char what[96];
     snprintf(what, sizeof what, "host all-reduce (sum) of %d values", n);
-    comm_mpi_check(c, MPI_Iallreduce(MPI_IN_PLACE, vals, n, MPI_DOUBLE, MPI_SUM, comm_impl(c)->mpi, &r),
-                   what);
+    comm_mpi_check(c, MPI_Iallreduce(MPI_IN_PLACE, vals, n, MPI_DOUBLE, MPI_SUM, comm_impl(c)->mpi, &r), what);
     comm_mpi_wait_req(c, &r, what);
 #else
     (void)vals;
@@ -945,11 +947,13 @@ void comm_local_allgather_host(Comm* c, const void* mine, size_t bytes, void* al
         return;
     }
 #ifdef USE_MPI
-    if (bytes > INT_MAX) comm_abortf(c, "host all-gather of %zu bytes per rank: more than MPI's int count", bytes);
+    if (bytes > INT_MAX)
+        comm_abortf(c, "host all-gather of %zu bytes per rank: more than MPI's int count", bytes);
     MPI_Request r;
     const char* what = "host all-gather among the ranks of this host";
-    comm_mpi_check(c, MPI_Iallgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, comm_impl(c)->local, &r),
-                   what);
+    comm_mpi_check(
+        c, MPI_Iallgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, comm_impl(c)->local, &r),
+        what);
     comm_mpi_wait_req(c, &r, what);
 #endif
 }

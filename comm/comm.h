@@ -26,7 +26,7 @@ typedef enum { COMM_SINGLE = 0, COMM_MPI = 1, COMM_NCCL = 2 } CommKind;
 
 typedef struct {
     int active;
-    void* impl;          /* backend-specific request state */
+    void* impl; /* backend-specific request state */
 } CommHandle;
 
 typedef struct Comm {
@@ -39,9 +39,9 @@ typedef struct Comm {
                                   * srun --gpus-per-node); 0 where each sees its own (srun
                                   * --gpus-per-task=1) */
     CommKind kind;
-    double timeout_s;            /* bound on any wait; default 300 */
-    Backend* be;                 /* the compute backend (for streams/staging) */
-    void* impl;                  /* private */
+    double timeout_s; /* bound on any wait; default 300 */
+    Backend* be;      /* the compute backend (for streams/staging) */
+    void* impl;       /* private */
 } Comm;
 
 /* Step 1, first thing in main: MPI_Init when built with MPI and launched by

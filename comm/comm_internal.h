@@ -38,8 +38,8 @@ typedef struct CommNccl CommNccl;
  * has already selected it). Bounded by c->timeout_s. */
 CommNccl* comm_nccl_create(Comm* c);
 /* Enqueue op on be->comm_stream, after the work already on be->compute_stream. */
-void comm_nccl_start(Comm* c, CommNccl* n, CommOp op, void* buf, size_t count, DType dt,
-                     int average, CommHandle* h);
+void comm_nccl_start(Comm* c, CommNccl* n, CommOp op, void* buf, size_t count, DType dt, int average,
+                     CommHandle* h);
 /* Poll the handle's completion event and NCCL's async error until done or
  * c->timeout_s; then the compute stream waits on the collective (or transfer). */
 void comm_nccl_wait(Comm* c, CommNccl* n, CommHandle* h);
@@ -56,11 +56,11 @@ void comm_nccl_p2p_setup(Comm* c, CommNccl* n);
 /* ncclSend (op COMM_OP_SEND) or ncclRecv on the channel to / from peer, on the
  * channel's stream after the compute stream's work so far; comm_nccl_wait
  * completes h. count > 0; peer is a neighbour (checked by the caller). */
-void comm_nccl_p2p_start(Comm* c, CommNccl* n, CommOp op, void* buf, size_t count, DType dt, int peer,
-                         int tag, CommHandle* h);
+void comm_nccl_p2p_start(Comm* c, CommNccl* n, CommOp op, void* buf, size_t count, DType dt, int peer, int tag,
+                         CommHandle* h);
 
 /* ---- CUDA helpers of the MPI backend's staging path (comm_nccl.c) ---- */
-int comm_cuda_device_count(void);               /* 0 when none or on error */
+int comm_cuda_device_count(void); /* 0 when none or on error */
 /* The PCI bus id of the current device ("0000:19:00.0"), NUL-terminated in
  * out[0, n), the rest of out zeroed; aborts on failure. */
 void comm_cuda_bus_id(Comm* c, char* out, int n);

@@ -35,10 +35,10 @@
 
 /* One direction of the link with a ring neighbour (see the top of the file). */
 typedef struct {
-    ncclComm_t comm;      /* 2 ranks: the sender is rank 0, the receiver rank 1 */
-    cudaStream_t stream;  /* this channel's transfers, in posting order */
-    int peer;             /* the neighbour, a rank of the Comm */
-    int send;             /* 1: this rank sends on it; 0: it receives */
+    ncclComm_t comm;     /* 2 ranks: the sender is rank 0, the receiver rank 1 */
+    cudaStream_t stream; /* this channel's transfers, in posting order */
+    int peer;            /* the neighbour, a rank of the Comm */
+    int send;            /* 1: this rank sends on it; 0: it receives */
 } CommNcclChannel;
 
 struct CommNccl {
@@ -54,9 +54,9 @@ struct CommNccl {
 typedef struct {
     CommOp op;
     size_t count;
-    int peer, tag;       /* transfers */
-    ncclComm_t comm;     /* the NCCL communicator it runs on (whose errors are polled) */
-    cudaEvent_t done;    /* recorded on its stream after the operation */
+    int peer, tag;    /* transfers */
+    ncclComm_t comm;  /* the NCCL communicator it runs on (whose errors are polled) */
+    cudaEvent_t done; /* recorded on its stream after the operation */
 } CommNcclReq;
 
 #define COMM_CUDA_CHECK(c, call) comm_cuda_check((c), (call), #call, __FILE__, __LINE__)
@@ -205,8 +205,8 @@ void comm_nccl_destroy(Comm* c, CommNccl* n) {
 
 /* ----------------------------------------------------------- collectives */
 
-void comm_nccl_start(Comm* c, CommNccl* n, CommOp op, void* buf, size_t count, DType dt,
-                     int average, CommHandle* h) {
+void comm_nccl_start(Comm* c, CommNccl* n, CommOp op, void* buf, size_t count, DType dt, int average,
+                     CommHandle* h) {
     ncclDataType_t t = dt == DTYPE_BF16 ? ncclBfloat16 : ncclFloat;
     ncclRedOp_t rop = average ? ncclAvg : ncclSum;
     size_t es = dtype_size(dt);
@@ -224,15 +224,9 @@ void comm_nccl_start(Comm* c, CommNccl* n, CommOp op, void* buf, size_t count, D
 
     ncclResult_t r;
     switch (op) {
-    case COMM_OP_ALLREDUCE:
-        r = ncclAllReduce(buf, buf, count, t, rop, n->comm, cs);
-        break;
-    case COMM_OP_REDUCE_SCATTER:
-        r = ncclReduceScatter(buf, own, slice, t, rop, n->comm, cs);
-        break;
-    default:
-        r = ncclAllGather(own, buf, slice, t, n->comm, cs);
-        break;
+    case COMM_OP_ALLREDUCE: r = ncclAllReduce(buf, buf, count, t, rop, n->comm, cs); break;
+    case COMM_OP_REDUCE_SCATTER: r = ncclReduceScatter(buf, own, slice, t, rop, n->comm, cs); break;
+    default: r = ncclAllGather(own, buf, slice, t, n->comm, cs); break;
     }
     comm_nccl_settle(c, n, n->comm, r, what);
 
@@ -272,8 +266,7 @@ void comm_nccl_wait(Comm* c, CommNccl* n, CommHandle* h) {
     char what[192];
     if (q->op == COMM_OP_SEND || q->op == COMM_OP_RECV)
         comm_p2p_describe(c, what, sizeof what, q->op, q->count, q->peer, q->tag);
-    else
-        snprintf(what, sizeof what, "%s of %zu elements", comm_op_name(q->op), q->count);
+    else snprintf(what, sizeof what, "%s of %zu elements", comm_op_name(q->op), q->count);
     comm_nccl_wait_event(c, n, q->comm, q->done, what);
     /* later compute-stream work is ordered after the operation */
     COMM_CUDA_CHECK(c, cudaStreamWaitEvent(compute_stream_of(c), q->done, 0));
@@ -362,8 +355,8 @@ void comm_nccl_p2p_setup(Comm* c, CommNccl* n) {
     }
 }
 
-void comm_nccl_p2p_start(Comm* c, CommNccl* n, CommOp op, void* buf, size_t count, DType dt, int peer,
-                         int tag, CommHandle* h) {
+void comm_nccl_p2p_start(Comm* c, CommNccl* n, CommOp op, void* buf, size_t count, DType dt, int peer, int tag,
+                         CommHandle* h) {
     int send = op == COMM_OP_SEND;
     char what[192];
     comm_p2p_describe(c, what, sizeof what, op, count, peer, tag);

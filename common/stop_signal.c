@@ -18,7 +18,7 @@ void stop_signal_install(void) {
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART;   /* interrupted reads, writes and waits carry on */
+    sa.sa_flags = SA_RESTART; /* interrupted reads, writes and waits carry on */
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGUSR1, &sa, NULL);
     sigset_t s;
@@ -38,10 +38,12 @@ void stop_signal_exit(Comm* c, int sig, int steps, const char* checkpoint) {
     if (c->rank == 0) {
         if (checkpoint)
             printf("stopped by %s after step %d: checkpoint %s holds it; the same command with --resume "
-                   "continues (exit %d)\n", name, steps, checkpoint, status);
+                   "continues (exit %d)\n",
+                   name, steps, checkpoint, status);
         else
             printf("stopped by %s after step %d: no checkpoint written (--checkpoint_on_signal not given; "
-                   "exit %d)\n", name, steps, status);
+                   "exit %d)\n",
+                   name, steps, status);
         fflush(stdout);
     }
     comm_barrier(c);

@@ -12,7 +12,7 @@
 #include <omp.h>
 #endif
 
-#define MASK_CPUS 4096                 /* CPUs a mask can name (bits of the exchanged masks) */
+#define MASK_CPUS 4096 /* CPUs a mask can name (bits of the exchanged masks) */
 #define MASK_WORDS (MASK_CPUS / 64)
 
 int threads_from_masks(const uint64_t* masks, int nranks, int words, int r, int* nsharing) {
@@ -22,7 +22,10 @@ int threads_from_masks(const uint64_t* masks, int nranks, int words, int r, int*
     for (int q = 0; q < nranks; q++) {
         const uint64_t* other = masks + (size_t)q * words;
         for (int w = 0; w < words; w++)
-            if (mine[w] & other[w]) { sharing++; break; }
+            if (mine[w] & other[w]) {
+                sharing++;
+                break;
+            }
     }
     for (int w = 0; w < words; w++)
         for (int k = 0; k < 64; k++) {
@@ -48,7 +51,10 @@ static void mask_list(const uint64_t* mask, char* out, size_t len) {
         char part[32];
         if (e == c) snprintf(part, sizeof part, "%s%d", used ? "," : "", c);
         else snprintf(part, sizeof part, "%s%d-%d", used ? "," : "", c, e);
-        if (used + strlen(part) + 4 >= len) { snprintf(out + used, len - used, "..."); return; }
+        if (used + strlen(part) + 4 >= len) {
+            snprintf(out + used, len - used, "...");
+            return;
+        }
         used += (size_t)snprintf(out + used, len - used, "%s", part);
         c = e;
     }
@@ -73,7 +79,7 @@ ThreadPolicy threads_setup(Comm* c) {
         for (int k = 0; k < MASK_CPUS; k++)
             if (CPU_ISSET_S(k, setsize, set)) mine[k / 64] |= (uint64_t)1 << (k % 64);
     } else {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);   /* no mask: every online CPU */
+        long n = sysconf(_SC_NPROCESSORS_ONLN); /* no mask: every online CPU */
         for (long k = 0; k < n && k < MASK_CPUS; k++) mine[k / 64] |= (uint64_t)1 << (k % 64);
     }
     if (set) CPU_FREE(set);
@@ -98,8 +104,9 @@ ThreadPolicy threads_setup(Comm* c) {
     } else if (slurm_cpt && end != slurm_cpt && *end == '\0' && cpt >= 1) {
         p.threads = cpt <= ncpu || ncpu < 1 ? (int)cpt : ncpu;
         if (p.threads == cpt) snprintf(p.why, sizeof p.why, "SLURM_CPUS_PER_TASK=%ld", cpt);
-        else snprintf(p.why, sizeof p.why, "SLURM_CPUS_PER_TASK=%ld, but it may run on CPU%s %s only", cpt,
-                      ncpu == 1 ? "" : "s", list);
+        else
+            snprintf(p.why, sizeof p.why, "SLURM_CPUS_PER_TASK=%ld, but it may run on CPU%s %s only", cpt,
+                     ncpu == 1 ? "" : "s", list);
     } else {
         int sharing = 1;
         p.threads = threads_from_masks(all, c->local_world, MASK_WORDS, c->local_rank, &sharing);

@@ -23,8 +23,8 @@
 #include "../comm/comm.h"
 
 typedef struct {
-    int threads;        /* OpenMP threads of this rank */
-    char why[192];      /* the rule that gave it, e.g. "CPUs 0-1 shared by 2 local ranks" */
+    int threads;   /* OpenMP threads of this rank */
+    char why[192]; /* the rule that gave it, e.g. "CPUs 0-1 shared by 2 local ranks" */
 } ThreadPolicy;
 
 /* Collective over every rank, after comm_bootstrap and before any parallel

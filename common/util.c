@@ -10,7 +10,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
-static fatal_hook_fn g_fatal_hook = NULL;   /* the one process-wide hook: set by comm */
+static fatal_hook_fn g_fatal_hook = NULL; /* the one process-wide hook: set by comm */
 static void* g_fatal_ctx = NULL;
 
 void util_set_fatal_hook(fatal_hook_fn fn, void* ctx) {
@@ -158,5 +158,5 @@ void mem_track_free(MemTracker* t, MemCategory c, size_t bytes) {
 size_t mem_peak_rss(void) {
     struct rusage ru;
     if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
-    return (size_t)ru.ru_maxrss * 1024;   /* Linux: kilobytes */
+    return (size_t)ru.ru_maxrss * 1024; /* Linux: kilobytes */
 }

@@ -95,7 +95,8 @@ static size_t strmap_find(const BpeStrMap* m, const uint8_t* key, size_t len, ui
     }
 }
 
-static void strmap_put_slot(BpeStrMap* m, uint64_t h, uint32_t koff, uint32_t klen, uint32_t voff, uint32_t vlen) {
+static void strmap_put_slot(BpeStrMap* m, uint64_t h, uint32_t koff, uint32_t klen, uint32_t voff,
+                            uint32_t vlen) {
     size_t mask = m->cap - 1;
     size_t i = (size_t)h & mask;
     while (m->hash[i] != 0) i = (i + 1) & mask;
@@ -108,15 +109,17 @@ static void strmap_put_slot(BpeStrMap* m, uint64_t h, uint32_t koff, uint32_t kl
 }
 
 /* Insert a key that is not present. */
-static void strmap_insert(BpeStrMap* m, const uint8_t* key, size_t len, uint64_t h, uint32_t voff, uint32_t vlen) {
-    if ((m->count + 1) * 2 > m->cap) {   /* grow: rehash into twice the slots */
+static void strmap_insert(BpeStrMap* m, const uint8_t* key, size_t len, uint64_t h, uint32_t voff,
+                          uint32_t vlen) {
+    if ((m->count + 1) * 2 > m->cap) { /* grow: rehash into twice the slots */
         BpeStrMap old = *m;
         strmap_alloc(m, old.cap * 2);
         m->keys = old.keys;
         m->keys_len = old.keys_len;
         m->keys_cap = old.keys_cap;
         for (size_t i = 0; i < old.cap; i++)
-            if (old.hash[i]) strmap_put_slot(m, old.hash[i], old.key_off[i], old.key_len[i], old.val_off[i], old.val_len[i]);
+            if (old.hash[i])
+                strmap_put_slot(m, old.hash[i], old.key_off[i], old.key_len[i], old.val_off[i], old.val_len[i]);
         strmap_free_slots(&old);
     }
     if (m->keys_len + len > UINT32_MAX) fatal("BPE map: key arena over 4 GiB");
@@ -144,20 +147,20 @@ size_t bpe_utf8_next(const uint8_t* s, size_t n, size_t i, uint32_t* cp) {
     } else if (b0 >= 0xE0 && b0 <= 0xEF) {
         need = 2;
         c = b0 & 0x0F;
-        if (b0 == 0xE0) lo = 0xA0;          /* no overlongs */
-        if (b0 == 0xED) hi = 0x9F;          /* no surrogates */
+        if (b0 == 0xE0) lo = 0xA0; /* no overlongs */
+        if (b0 == 0xED) hi = 0x9F; /* no surrogates */
     } else if (b0 >= 0xF0 && b0 <= 0xF4) {
         need = 3;
         c = b0 & 0x07;
-        if (b0 == 0xF0) lo = 0x90;          /* no overlongs */
-        if (b0 == 0xF4) hi = 0x8F;          /* nothing past U+10FFFF */
-    } else {                                /* continuation byte, C0, C1, F5..FF */
+        if (b0 == 0xF0) lo = 0x90; /* no overlongs */
+        if (b0 == 0xF4) hi = 0x8F; /* nothing past U+10FFFF */
+    } else {                       /* continuation byte, C0, C1, F5..FF */
         *cp = BPE_INVALID_CP;
         return 1;
     }
     size_t k = 1;
     while (need > 0) {
-        if (i + k >= n || s[i + k] < lo || s[i + k] > hi) {   /* maximal subpart ends here */
+        if (i + k >= n || s[i + k] < lo || s[i + k] > hi) { /* maximal subpart ends here */
             *cp = BPE_INVALID_CP;
             return k;
         }
@@ -189,7 +192,7 @@ size_t bpe_utf8_first_invalid(const uint8_t* s, size_t n) {
 int bpe_unicode_class(uint32_t cp) {
     if (cp > 0x10FFFF) return BPE_CLASS_OTHER;
     uint32_t key = (cp << 2) | 3u;
-    size_t lo = 0, hi = BPE_UNICODE_NRUNS;   /* runs[lo] <= key < runs[hi] */
+    size_t lo = 0, hi = BPE_UNICODE_NRUNS; /* runs[lo] <= key < runs[hi] */
     while (hi - lo > 1) {
         size_t mid = (lo + hi) / 2;
         if (bpe_unicode_runs[mid] <= key) lo = mid;
@@ -239,7 +242,7 @@ size_t bpe_piece_end(const uint8_t* s, size_t n, size_t i) {
     }
     int cls;
     size_t j = i + bpe_unit(s, n, i, &cls);
-    if (b == ' ' && j < n) {            /* the optional leading space */
+    if (b == ' ' && j < n) { /* the optional leading space */
         int c1;
         size_t l1 = bpe_unit(s, n, j, &c1);
         if (c1 != BPE_CLASS_SPACE) {
@@ -256,7 +259,7 @@ size_t bpe_piece_end(const uint8_t* s, size_t n, size_t i) {
         }
         return j;
     }
-    size_t last = i, k = 1;             /* whitespace run: start of its last char, length */
+    size_t last = i, k = 1; /* whitespace run: start of its last char, length */
     while (j < n) {
         int c;
         size_t l = bpe_unit(s, n, j, &c);
@@ -294,7 +297,7 @@ static void bpe_merge_put(BpeEncoder* e, int32_t a, int32_t b, int32_t rank, int
     size_t mask = e->merge_cap - 1;
     size_t i = bpe_merge_slot(key, e->merge_cap);
     while (e->merge_key[i] != 0 && e->merge_key[i] != key) i = (i + 1) & mask;
-    e->merge_key[i] = key;          /* a repeated pair keeps its last rank, as the reference's table does */
+    e->merge_key[i] = key; /* a repeated pair keeps its last rank, as the reference's table does */
     e->merge_rank[i] = rank;
     e->merge_id[i] = merged;
 }
@@ -363,10 +366,10 @@ static int64_t bpe_heap_pop(int64_t* h, size_t* hn) {
  * pushed, which is exactly one pass of the scan loop (a merge never creates
  * another occurrence of the pair being merged). */
 static size_t bpe_merge_heap(BpeEncoder* e, int32_t* sym, size_t n) {
-    int32_t* nxt = e->nxt;   /* -1: end of list; -2: merged away */
+    int32_t* nxt = e->nxt; /* -1: end of list; -2: merged away */
     int32_t* prv = e->prv;
     int64_t* heap = e->heap;
-    int32_t* pend = e->prv + n;   /* room for 2n pending positions after prv[0..n) */
+    int32_t* pend = e->prv + n; /* room for 2n pending positions after prv[0..n) */
     size_t hn = 0;
     for (size_t i = 0; i < n; i++) {
         nxt[i] = i + 1 < n ? (int32_t)(i + 1) : -1;
@@ -382,7 +385,7 @@ static size_t bpe_merge_heap(BpeEncoder* e, int32_t* sym, size_t n) {
         int r = (int)(top >> 32);
         int32_t p = (int32_t)(top & 0xFFFFFFFF);
         int32_t mid = 0;
-        if (nxt[p] < 0 || bpe_merge_find(e, sym[p], sym[nxt[p]], &mid) != r) continue;   /* stale */
+        if (nxt[p] < 0 || bpe_merge_find(e, sym[p], sym[nxt[p]], &mid) != r) continue; /* stale */
         size_t np = 0;
         for (;;) {
             int32_t q = nxt[p];
@@ -412,15 +415,15 @@ static size_t bpe_merge_heap(BpeEncoder* e, int32_t* sym, size_t n) {
         }
     }
     size_t m = 0;
-    for (int32_t i = 0; i >= 0; i = nxt[i]) sym[m++] = sym[i];   /* position 0 is never merged away */
+    for (int32_t i = 0; i >= 0; i = nxt[i]) sym[m++] = sym[i]; /* position 0 is never merged away */
     return m;
 }
 
 /* ------------------------------------------------------------------------ */
 /* encoding                                                                  */
 
-#define BPE_CACHE_MAX_KEY 256                 /* longer pieces are not cached */
-#define BPE_CACHE_MAX_BYTES (256u << 20)      /* key or token arena size that clears the cache */
+#define BPE_CACHE_MAX_KEY 256            /* longer pieces are not cached */
+#define BPE_CACHE_MAX_BYTES (256u << 20) /* key or token arena size that clears the cache */
 
 static void bpe_encode_piece(BpeEncoder* e, const uint8_t* p, size_t len, BpeTokens* out) {
     if (len == 1) {
@@ -446,7 +449,7 @@ static void bpe_encode_piece(BpeEncoder* e, const uint8_t* p, size_t len, BpeTok
         free(e->heap);
         e->sym = xmalloc(c * sizeof(int32_t));
         e->nxt = xmalloc(c * sizeof(int32_t));
-        e->prv = xmalloc(3 * c * sizeof(int32_t));   /* prv + 2n pending */
+        e->prv = xmalloc(3 * c * sizeof(int32_t)); /* prv + 2n pending */
         e->heap = xmalloc(3 * c * sizeof(int64_t));
         e->scratch_cap = c;
     }
@@ -526,13 +529,13 @@ static uint32_t bpe_byte_to_cp(int b) {
     return 256u + (uint32_t)k;
 }
 
-#define BPE_ALPHABET_MAX 0x144   /* 256 + 68: every alphabet code point is below this */
+#define BPE_ALPHABET_MAX 0x144 /* 256 + 68: every alphabet code point is below this */
 
 typedef struct {
     const char* path;
     const uint8_t* s;
     size_t n, i;
-    const int16_t* cp_to_byte;    /* [BPE_ALPHABET_MAX], -1 where not in the alphabet */
+    const int16_t* cp_to_byte; /* [BPE_ALPHABET_MAX], -1 where not in the alphabet */
 } BpeJson;
 
 static uint8_t* bpe_read_file(const char* path, size_t* n) {
@@ -548,7 +551,8 @@ static uint8_t* bpe_read_file(const char* path, size_t* n) {
 }
 
 static void bpe_json_ws(BpeJson* j) {
-    while (j->i < j->n && (j->s[j->i] == ' ' || j->s[j->i] == '\t' || j->s[j->i] == '\n' || j->s[j->i] == '\r')) j->i++;
+    while (j->i < j->n && (j->s[j->i] == ' ' || j->s[j->i] == '\t' || j->s[j->i] == '\n' || j->s[j->i] == '\r'))
+        j->i++;
 }
 
 static NORETURN void bpe_json_fail(const BpeJson* j, const char* what) {
@@ -560,7 +564,10 @@ static int bpe_json_hex4(BpeJson* j) {
     int v = 0;
     for (int k = 0; k < 4; k++) {
         uint8_t c = j->s[j->i++];
-        int d = (c >= '0' && c <= '9') ? c - '0' : (c >= 'a' && c <= 'f') ? c - 'a' + 10 : (c >= 'A' && c <= 'F') ? c - 'A' + 10 : -1;
+        int d = (c >= '0' && c <= '9')   ? c - '0'
+                : (c >= 'a' && c <= 'f') ? c - 'a' + 10
+                : (c >= 'A' && c <= 'F') ? c - 'A' + 10
+                                         : -1;
         if (d < 0) bpe_json_fail(j, "bad hex digit in a \\u escape");
         v = v * 16 + d;
     }
@@ -584,26 +591,27 @@ static void bpe_json_key(BpeJson* j, uint8_t** out, size_t* len, size_t* cap) {
             if (j->i >= j->n) bpe_json_fail(j, "unterminated escape");
             uint8_t x = j->s[j->i++];
             switch (x) {
-                case '"': cp = '"'; break;
-                case '\\': cp = '\\'; break;
-                case '/': cp = '/'; break;
-                case 'b': cp = 8; break;
-                case 'f': cp = 12; break;
-                case 'n': cp = 10; break;
-                case 'r': cp = 13; break;
-                case 't': cp = 9; break;
-                case 'u': {
-                    cp = (uint32_t)bpe_json_hex4(j);
-                    if (cp >= 0xD800 && cp <= 0xDBFF && j->i + 1 < j->n && j->s[j->i] == '\\' && j->s[j->i + 1] == 'u') {
-                        size_t save = j->i;
-                        j->i += 2;
-                        uint32_t lo = (uint32_t)bpe_json_hex4(j);
-                        if (lo >= 0xDC00 && lo <= 0xDFFF) cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-                        else j->i = save;
-                    }
-                    break;
+            case '"': cp = '"'; break;
+            case '\\': cp = '\\'; break;
+            case '/': cp = '/'; break;
+            case 'b': cp = 8; break;
+            case 'f': cp = 12; break;
+            case 'n': cp = 10; break;
+            case 'r': cp = 13; break;
+            case 't': cp = 9; break;
+            case 'u': {
+                cp = (uint32_t)bpe_json_hex4(j);
+                if (cp >= 0xD800 && cp <= 0xDBFF && j->i + 1 < j->n && j->s[j->i] == '\\' &&
+                    j->s[j->i + 1] == 'u') {
+                    size_t save = j->i;
+                    j->i += 2;
+                    uint32_t lo = (uint32_t)bpe_json_hex4(j);
+                    if (lo >= 0xDC00 && lo <= 0xDFFF) cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+                    else j->i = save;
                 }
-                default: bpe_json_fail(j, "bad escape");
+                break;
+            }
+            default: bpe_json_fail(j, "bad escape");
             }
         } else if (c < 0x20) {
             bpe_json_fail(j, "control character in a string");
@@ -614,7 +622,8 @@ static void bpe_json_key(BpeJson* j, uint8_t** out, size_t* len, size_t* cap) {
         }
         if (cp >= BPE_ALPHABET_MAX || j->cp_to_byte[cp] < 0) {
             char what[96];
-            snprintf(what, sizeof what, "a key holds U+%04X, which is not in GPT-2's byte alphabet", (unsigned)cp);
+            snprintf(what, sizeof what, "a key holds U+%04X, which is not in GPT-2's byte alphabet",
+                     (unsigned)cp);
             bpe_json_fail(j, what);
         }
         *out = bpe_grow(*out, cap, *len + 1, 1);
@@ -752,9 +761,9 @@ void bpe_init(BpeEncoder* e, const char* vocab_dir) {
     uint8_t* both = xmalloc(n + 1);
     size_t i = 0;
     int line = 1;
-    while (i < n && buf[i] != '\n') i++;   /* the "#version: 0.2" line */
+    while (i < n && buf[i] != '\n') i++; /* the "#version: 0.2" line */
     while (i < n) {
-        i++;   /* past '\n' */
+        i++; /* past '\n' */
         line++;
         size_t le = i;
         while (le < n && buf[le] != '\n') le++;
@@ -778,7 +787,8 @@ void bpe_init(BpeEncoder* e, const char* vocab_dir) {
             int m = bpe_vocab_id(&vocab, both, la + lb);
             if (a < 0 || b < 0 || m < 0)
                 fatal("%s line %d: the merge or its parts are not in encoder.json", path, line);
-            if (e->nmerges + 1 > (int)(e->merge_cap / 2)) fatal("%s: more than %zu merges", path, e->merge_cap / 2);
+            if (e->nmerges + 1 > (int)(e->merge_cap / 2))
+                fatal("%s: more than %zu merges", path, e->merge_cap / 2);
             bpe_merge_put(e, a, b, e->nmerges, m);
             e->nmerges++;
         }

@@ -28,8 +28,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define BPE_MAX_VOCAB 65536            /* token ids must fit the shards' uint16 */
-#define BPE_INVALID_CP 0xFFFFFFFFu     /* bpe_utf8_next's code point for an invalid subpart */
+#define BPE_MAX_VOCAB 65536        /* token ids must fit the shards' uint16 */
+#define BPE_INVALID_CP 0xFFFFFFFFu /* bpe_utf8_next's code point for an invalid subpart */
 
 typedef enum { BPE_UTF8_BYTES = 0, BPE_UTF8_REPLACE = 1 } BpeUtf8Mode;
 typedef enum { BPE_CLASS_OTHER = 0, BPE_CLASS_LETTER = 1, BPE_CLASS_NUMBER = 2, BPE_CLASS_SPACE = 3 } BpeClass;
@@ -43,40 +43,40 @@ typedef struct {
 /* Open-addressing map from a byte string to a (offset, length) value; used for
  * the vocabulary (bytes -> id) and the per-piece cache (bytes -> tokens). */
 typedef struct {
-    uint64_t* hash;        /* [cap]; 0 = empty slot */
-    uint32_t* key_off;     /* [cap] into keys */
+    uint64_t* hash;    /* [cap]; 0 = empty slot */
+    uint32_t* key_off; /* [cap] into keys */
     uint32_t* key_len;
-    uint32_t* val_off;     /* [cap] */
+    uint32_t* val_off; /* [cap] */
     uint32_t* val_len;
     size_t cap, count;
-    uint8_t* keys;         /* key arena */
+    uint8_t* keys; /* key arena */
     size_t keys_len, keys_cap;
 } BpeStrMap;
 
 typedef struct {
-    int vocab_size;            /* 50257 for GPT-2 */
-    int eot;                   /* id of <|endoftext|>: 50256 */
-    int nmerges;               /* 50000 */
-    uint8_t* tok_bytes;        /* raw bytes of every token, concatenated */
-    uint32_t* tok_off;         /* [vocab_size + 1] offsets into tok_bytes */
-    int32_t byte_id[256];      /* id of the single-byte token of each byte */
+    int vocab_size;       /* 50257 for GPT-2 */
+    int eot;              /* id of <|endoftext|>: 50256 */
+    int nmerges;          /* 50000 */
+    uint8_t* tok_bytes;   /* raw bytes of every token, concatenated */
+    uint32_t* tok_off;    /* [vocab_size + 1] offsets into tok_bytes */
+    int32_t byte_id[256]; /* id of the single-byte token of each byte */
     /* merges: (left id, right id) -> rank and merged id, open addressing */
-    uint64_t* merge_key;       /* [merge_cap]; (a << 32 | b) + 1, 0 = empty */
+    uint64_t* merge_key; /* [merge_cap]; (a << 32 | b) + 1, 0 = empty */
     int32_t* merge_rank;
     int32_t* merge_id;
     size_t merge_cap;
     /* per-piece cache */
     BpeStrMap cache;
-    int32_t* cache_tok;        /* token arena of the cache */
+    int32_t* cache_tok; /* token arena of the cache */
     size_t cache_tok_len, cache_tok_cap;
-    size_t cache_max;          /* entries before the cache is cleared */
+    size_t cache_max; /* entries before the cache is cleared */
     /* scratch for one piece */
     int32_t* sym;
     int32_t* nxt;
     int32_t* prv;
     int64_t* heap;
     size_t scratch_cap;
-    uint8_t* clean;            /* BPE_UTF8_REPLACE: the text with U+FFFD */
+    uint8_t* clean; /* BPE_UTF8_REPLACE: the text with U+FFFD */
     size_t clean_cap;
     /* pieces with at least this many bytes use the O(n log n) heap merge
      * instead of the O(n^2) scan (same result; settable for tests) */

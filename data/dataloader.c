@@ -28,42 +28,38 @@ static int32_t dataloader_le32(const unsigned char* p) {
     return (int32_t)u;
 }
 
-static int dataloader_has_wildcard(const char* s) {
-    return strpbrk(s, "*?[") != NULL;
-}
+static int dataloader_has_wildcard(const char* s) { return strpbrk(s, "*?[") != NULL; }
 
 /* Read and validate one shard; fills *tokens_out (xmalloc'ed) and *ntok_out. */
-static void dataloader_load_shard(const char* path, size_t min_tokens, int vocab_size,
-                                  uint16_t** tokens_out, size_t* ntok_out) {
+static void dataloader_load_shard(const char* path, size_t min_tokens, int vocab_size, uint16_t** tokens_out,
+                                  size_t* ntok_out) {
     FILE* f = xfopen(path, "rb");
     long long size = file_size(f);
     if (size < 0) fatal("%s: cannot determine the file size", path);
     if (size < DATALOADER_HEADER_BYTES)
-        fatal("%s: file is %lld bytes, shorter than the %d-byte header: not an llm.c token shard",
-              path, size, DATALOADER_HEADER_BYTES);
+        fatal("%s: file is %lld bytes, shorter than the %d-byte header: not an llm.c token shard", path, size,
+              DATALOADER_HEADER_BYTES);
     unsigned char hdr[DATALOADER_HEADER_BYTES];
     xfread(hdr, 1, sizeof hdr, f, path);
     int32_t magic = dataloader_le32(hdr + 0);
     int32_t version = dataloader_le32(hdr + 4);
     int32_t hdr_ntok = dataloader_le32(hdr + 8);
     if (magic != DATALOADER_MAGIC)
-        fatal("%s: wrong magic number %d (expected %d): not an llm.c token shard", path,
-              (int)magic, DATALOADER_MAGIC);
+        fatal("%s: wrong magic number %d (expected %d): not an llm.c token shard", path, (int)magic,
+              DATALOADER_MAGIC);
     if (version != DATALOADER_VERSION)
-        fatal("%s: unsupported token shard version %d (expected %d)", path, (int)version,
-              DATALOADER_VERSION);
+        fatal("%s: unsupported token shard version %d (expected %d)", path, (int)version, DATALOADER_VERSION);
     if (hdr_ntok < 0) fatal("%s: header says %d tokens (negative): corrupt token shard", path, (int)hdr_ntok);
     long long payload = size - DATALOADER_HEADER_BYTES;
     long long want = 2LL * (long long)hdr_ntok;
     if (payload < want)
-        fatal("%s: truncated: header says %d tokens but the file holds only %lld", path,
-              (int)hdr_ntok, payload / 2);
+        fatal("%s: truncated: header says %d tokens but the file holds only %lld", path, (int)hdr_ntok,
+              payload / 2);
     if (payload > want)
         fatal("%s: header says %d tokens (%lld bytes) but %lld bytes follow the header: corrupt token shard",
               path, (int)hdr_ntok, want, payload);
     size_t ntok = (size_t)hdr_ntok;
-    if (ntok < min_tokens)
-        fatal("%s holds %zu tokens, fewer than B*T+1 = %zu needed", path, ntok, min_tokens);
+    if (ntok < min_tokens) fatal("%s holds %zu tokens, fewer than B*T+1 = %zu needed", path, ntok, min_tokens);
 
     uint16_t* tok = (uint16_t*)xmalloc(ntok * sizeof(uint16_t));
     xfread(tok, sizeof(uint16_t), ntok, f, path);
@@ -73,8 +69,8 @@ static void dataloader_load_shard(const char* path, size_t min_tokens, int vocab
 #endif
     for (size_t i = 0; i < ntok; i++) {
         if ((int)tok[i] >= vocab_size)
-            fatal("%s: token id %d at position %zu is out of range (vocab size %d)", path,
-                  (int)tok[i], i, vocab_size);
+            fatal("%s: token id %d at position %zu is out of range (vocab size %d)", path, (int)tok[i], i,
+                  vocab_size);
     }
     *tokens_out = tok;
     *ntok_out = ntok;
@@ -103,8 +99,8 @@ static void dataloader_make_perm(DataLoader* dl, uint64_t epoch) {
     dl->perm_epoch = epoch;
 }
 
-void dataloader_init(DataLoader* dl, const char* glob_pattern, int T, size_t min_tokens,
-                     int vocab_size, int shuffle, uint64_t seed) {
+void dataloader_init(DataLoader* dl, const char* glob_pattern, int T, size_t min_tokens, int vocab_size,
+                     int shuffle, uint64_t seed) {
     memset(dl, 0, sizeof *dl);
     if (!glob_pattern || !*glob_pattern) fatal("data loader: empty input file pattern");
     if (T <= 0) fatal("data loader: sequence length T = %d must be positive", T);
@@ -112,7 +108,7 @@ void dataloader_init(DataLoader* dl, const char* glob_pattern, int T, size_t min
 
     glob_t g;
     memset(&g, 0, sizeof g);
-    int rc = glob(glob_pattern, 0, NULL, &g);   /* sorted order (no GLOB_NOSORT) */
+    int rc = glob(glob_pattern, 0, NULL, &g); /* sorted order (no GLOB_NOSORT) */
     if (rc == GLOB_NOMATCH || (rc == 0 && g.gl_pathc == 0)) {
         globfree(&g);
         /* A plain path that is missing: let fopen's reason (ENOENT, EACCES...) name it. */
@@ -143,8 +139,7 @@ void dataloader_init(DataLoader* dl, const char* glob_pattern, int T, size_t min
         dl->shard_first_row[s + 1] = dl->shard_first_row[s] + rows;
     }
     dl->nrows = dl->shard_first_row[dl->nshards];
-    if (dl->nrows == 0)
-        fatal("'%s': the shards hold no complete row of T+1 = %d tokens", glob_pattern, T + 1);
+    if (dl->nrows == 0) fatal("'%s': the shards hold no complete row of T+1 = %d tokens", glob_pattern, T + 1);
 
     dl->shuffle = shuffle ? 1 : 0;
     dl->seed = seed;

@@ -28,19 +28,19 @@ typedef struct {
     int T;
     int nshards;
     char** paths;
-    uint16_t** tokens;        /* whole shards in memory (the data sets are small); tokens[s][0..ntok[s]) */
+    uint16_t** tokens; /* whole shards in memory (the data sets are small); tokens[s][0..ntok[s]) */
     size_t* ntok;
-    size_t* shard_first_row;  /* [nshards + 1], cumulative row counts */
-    size_t nrows;             /* rows in one epoch */
+    size_t* shard_first_row; /* [nshards + 1], cumulative row counts */
+    size_t nrows;            /* rows in one epoch */
     int shuffle;
     uint64_t seed;
-    uint64_t perm_epoch;      /* epoch the cached permutation is for */
-    size_t* perm;             /* [nrows] when shuffle, else NULL */
+    uint64_t perm_epoch; /* epoch the cached permutation is for */
+    size_t* perm;        /* [nrows] when shuffle, else NULL */
 } DataLoader;
 
 /* min_tokens: each shard must hold at least this many tokens (B*T+1). */
-void dataloader_init(DataLoader* dl, const char* glob_pattern, int T, size_t min_tokens,
-                     int vocab_size, int shuffle, uint64_t seed);
+void dataloader_init(DataLoader* dl, const char* glob_pattern, int T, size_t min_tokens, int vocab_size,
+                     int shuffle, uint64_t seed);
 /* Fill inputs[n*T] and targets[n*T] with global rows first_row .. first_row+n-1. */
 void dataloader_rows(DataLoader* dl, uint64_t first_row, int n, int* inputs, int* targets);
 void dataloader_free(DataLoader* dl);

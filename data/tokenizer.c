@@ -24,8 +24,8 @@ void tokenizer_init(Tokenizer* t, const char* path) {
     long long size = file_size(f);
     if (size < 0) fatal("%s: cannot determine the file size", path);
     if (size < TOKENIZER_HEADER_BYTES)
-        fatal("%s: truncated: file is %lld bytes, shorter than the %d-byte tokenizer header", path,
-              size, TOKENIZER_HEADER_BYTES);
+        fatal("%s: truncated: file is %lld bytes, shorter than the %d-byte tokenizer header", path, size,
+              TOKENIZER_HEADER_BYTES);
     /* The whole file in memory: tokenizer files are under a megabyte. */
     unsigned char* buf = (unsigned char*)xmalloc((size_t)size);
     xfread(buf, 1, (size_t)size, f, path);
@@ -41,7 +41,7 @@ void tokenizer_init(Tokenizer* t, const char* path) {
         fatal("%s: unsupported tokenizer version %u (expected 1 or 2)", path, version);
     if (vocab == 0) fatal("%s: tokenizer vocab size is 0", path);
     uint32_t eot = version == 1 ? TOKENIZER_V1_EOT : tokenizer_le32(buf + 12);
-    if (version == 2 && eot >= vocab)   /* v1 stores no EOT: 50256 is implied */
+    if (version == 2 && eot >= vocab) /* v1 stores no EOT: 50256 is implied */
         fatal("%s: end-of-text id %u is not below the vocab size %u: corrupt tokenizer file", path, eot, vocab);
 
     /* every token takes at least 2 bytes (its length, at least 1 byte): check before allocating */
@@ -54,8 +54,7 @@ void tokenizer_init(Tokenizer* t, const char* path) {
     t->lens = (uint8_t*)xcalloc(vocab, 1);
     size_t off = TOKENIZER_HEADER_BYTES;
     for (uint32_t i = 0; i < vocab; i++) {
-        if (off >= (size_t)size)
-            fatal("%s: truncated: file ends at token %u of %u", path, i, vocab);
+        if (off >= (size_t)size) fatal("%s: truncated: file ends at token %u of %u", path, i, vocab);
         uint8_t len = buf[off++];
         if (len == 0) fatal("%s: token %u has length 0: corrupt tokenizer file", path, i);
         if ((size_t)size - off < len)
@@ -85,10 +84,16 @@ static size_t tokenizer_utf8_len(const unsigned char* p, size_t n) {
     unsigned char c = p[0];
     size_t len;
     uint32_t cp;
-    if (c >= 0xC2 && c <= 0xDF) { len = 2; cp = c & 0x1Fu; }
-    else if (c >= 0xE0 && c <= 0xEF) { len = 3; cp = c & 0x0Fu; }
-    else if (c >= 0xF0 && c <= 0xF4) { len = 4; cp = c & 0x07u; }
-    else return 0;
+    if (c >= 0xC2 && c <= 0xDF) {
+        len = 2;
+        cp = c & 0x1Fu;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        len = 3;
+        cp = c & 0x0Fu;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        len = 4;
+        cp = c & 0x07u;
+    } else return 0;
     if (n < len) return 0;
     for (size_t i = 1; i < len; i++) {
         if ((p[i] & 0xC0) != 0x80) return 0;

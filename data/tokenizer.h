@@ -11,7 +11,7 @@
 typedef struct {
     uint32_t vocab_size;
     uint32_t eot;
-    char** tokens;    /* NUL-terminated byte strings */
+    char** tokens; /* NUL-terminated byte strings */
     uint8_t* lens;
 } Tokenizer;
 

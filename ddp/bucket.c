@@ -31,10 +31,8 @@ void bucket_begin_micro_step(Bucket* b) {
 void bucket_group_begin_micro_step(BucketGroup* g) { g->pending = g->n; }
 
 void bucket_reduce_launch(Bucket* b, Comm* comm, void* grads, DType dt, int allreduce, double t0) {
-    if (allreduce)
-        comm_allreduce(comm, grads, b->lb->len, dt, 0, &b->reduce);
-    else
-        comm_reduce_scatter(comm, grads, b->lb->len, dt, 0, &b->reduce);
+    if (allreduce) comm_allreduce(comm, grads, b->lb->len, dt, 0, &b->reduce);
+    else comm_reduce_scatter(comm, grads, b->lb->len, dt, 0, &b->reduce);
     b->launch_time = wall_time_s() - t0;
     b->launched = 1;
     b->nlaunch++;

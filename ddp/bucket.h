@@ -18,26 +18,26 @@
 #include "../comm/comm.h"
 
 typedef struct {
-    int index;                 /* its index in the layout */
-    const LayoutBucket* lb;    /* start, len, slice_len, its parameters */
+    int index;              /* its index in the layout */
+    const LayoutBucket* lb; /* start, len, slice_len, its parameters */
     /* gradient reduction */
-    int pending;               /* parameters not yet marked ready in this micro-step */
-    int launched;              /* its reduction was launched in this micro-step */
-    int nlaunch;               /* reductions launched since the last ddp_finish_reductions */
-    CommHandle reduce;         /* all-reduce (stage 0) or reduce-scatter (stages 1, 2) */
-    double launch_time;        /* seconds after the start of the micro-step */
+    int pending;        /* parameters not yet marked ready in this micro-step */
+    int launched;       /* its reduction was launched in this micro-step */
+    int nlaunch;        /* reductions launched since the last ddp_finish_reductions */
+    CommHandle reduce;  /* all-reduce (stage 0) or reduce-scatter (stages 1, 2) */
+    double launch_time; /* seconds after the start of the micro-step */
     /* param all-gather (stages 1, 2) */
     CommHandle gather;
-    int gather_pending;        /* in the last launch order and not yet waited for */
-    int gather_pos;            /* its position in the last launch order */
+    int gather_pending; /* in the last launch order and not yet waited for */
+    int gather_pos;     /* its position in the last launch order */
     /* ZeRO-2 working buffers (indices into GradShard's pool; -1 = none) */
-    int wslot;                 /* the one backward accumulates into this micro-step */
-    int rslot;                 /* the one its in-flight reduce-scatter reads */
+    int wslot; /* the one backward accumulates into this micro-step */
+    int rslot; /* the one its in-flight reduce-scatter reads */
 } Bucket;
 
 typedef struct {
-    int first, n;              /* buckets [first, first + n) */
-    int pending;               /* buckets not yet complete in this micro-step */
+    int first, n; /* buckets [first, first + n) */
+    int pending;  /* buckets not yet complete in this micro-step */
 } BucketGroup;
 
 /* Buckets and groups of a layout, their state reset (nothing pending or in

@@ -10,7 +10,8 @@ static size_t es_of(const DDP* d) { return dtype_size(d->be->dtype); }
 static void ddp_init(DDP* d, const Layout* L, Comm* comm, Backend* be, const DDPConfig* cfg, void* params,
                      void* grads) {
     memset(d, 0, sizeof *d);
-    if (cfg->zero_stage < 0 || cfg->zero_stage > 2) fatal("internal: ddp_init with zero_stage %d", cfg->zero_stage);
+    if (cfg->zero_stage < 0 || cfg->zero_stage > 2)
+        fatal("internal: ddp_init with zero_stage %d", cfg->zero_stage);
     if (cfg->overlap_gather && cfg->zero_stage == 0)
         fatal("internal: overlapped all-gather at zero_stage 0 (there is no all-gather)");
     if (cfg->gather_hold && !cfg->overlap_gather) fatal("internal: held all-gathers without overlap");
@@ -42,13 +43,14 @@ void ddp_setup(DDP* d, GPT2* m, Comm* comm, const DDPConfig* cfg, OptBuffer* ob)
         fatal("internal: ddp_setup: the model was bound %s a full gradient buffer at zero_stage %d",
               m->shard_grads ? "without" : "with", cfg->zero_stage);
     ddp_init(d, L, comm, m->be, cfg, m->params, m->grads);
-    m->need_params = ddp_need_params;   /* waits only for an overlapped all-gather */
+    m->need_params = ddp_need_params; /* waits only for an overlapped all-gather */
     m->need_params_ctx = d;
     int n;
     OptPiece* pieces;
     if (cfg->zero_stage == 2) {
         d->grad_ptr = m->grad_ptr;
-        for (int li = 0; li < L->nparams; li++) d->grad_ptr[li] = grad_shard_param_ptr(&d->shard, d->buckets, li);
+        for (int li = 0; li < L->nparams; li++)
+            d->grad_ptr[li] = grad_shard_param_ptr(&d->shard, d->buckets, li);
         m->need_grads = ddp_need_grads;
         m->need_grads_ctx = d;
         pieces = layout_shard_pieces(L, comm->rank, &n);
@@ -78,7 +80,8 @@ void ddp_need_grads(void* ctx, const int* li, int n) {
         int b = L->params[li[i]].bucket;
         if (d->buckets[b].wslot >= 0) continue;
         if (d->ngather_pending)
-            fatal("internal: backward writes gradients while %d all-gathers are outstanding", d->ngather_pending);
+            fatal("internal: backward writes gradients while %d all-gathers are outstanding",
+                  d->ngather_pending);
         grad_shard_acquire(&d->shard, d->buckets, b);
         const LayoutBucket* lb = d->buckets[b].lb;
         for (int p = lb->first_param; p < lb->first_param + lb->nparams; p++)
@@ -104,8 +107,9 @@ void ddp_param_ready(void* ctx, int li) {
     if (li < 0 || li >= L->nparams) fatal("internal: ddp_param_ready(%d) out of range", li);
     if (d->marked[li]) fatal("internal: parameter at layout index %d marked ready twice in one micro-step", li);
     if (d->ngather_pending)
-        fatal("internal: a gradient is ready while %d all-gathers are outstanding (forward did not ask for every bucket)",
-              d->ngather_pending);
+        fatal(
+            "internal: a gradient is ready while %d all-gathers are outstanding (forward did not ask for every bucket)",
+            d->ngather_pending);
     d->marked[li] = 1;
     /* keep the reductions already launched moving while backward computes */
     for (int b = 0; b < L->nbuckets; b++) comm_progress(d->comm, &d->buckets[b].reduce);
@@ -154,13 +158,14 @@ void ddp_zero_grads(DDP* d) {
 /* Launch the all-gathers at launch positions [gather_launched, upto). */
 static void gather_launch_upto(DDP* d, int upto) {
     for (; d->gather_launched < upto; d->gather_launched++)
-        bucket_gather_launch(&d->buckets[d->gather_order[d->gather_launched]], d->comm, d->params, d->be->dtype);
+        bucket_gather_launch(&d->buckets[d->gather_order[d->gather_launched]], d->comm, d->params,
+                             d->be->dtype);
 }
 
 void ddp_gather_params(DDP* d) {
     const Layout* L = d->L;
     if (d->cfg.zero_stage == 0) return;
-    ddp_wait_gathers(d);   /* (none outstanding in a normal step: the forward waited for all) */
+    ddp_wait_gathers(d); /* (none outstanding in a normal step: the forward waited for all) */
     /* Forward order: the buckets are laid out in backward-finish order, so
      * forward meets them in descending bucket index (the embeddings' buckets,
      * the last ones, first: wte's row chunks, last chunk first, then wpe's;
@@ -186,7 +191,7 @@ static void gather_wait_bucket(DDP* d, Bucket* bk) {
     if (!bk->gather_pending) return;
     if (bk->gather_pos != d->gather_next_pos) d->gather_out_of_order++;
     d->gather_next_pos = bk->gather_pos + 1;
-    gather_launch_upto(d, bk->gather_pos + 1);   /* (held launches: up to this one) */
+    gather_launch_upto(d, bk->gather_pos + 1); /* (held launches: up to this one) */
     double t0 = wall_time_s();
     comm_wait(d->comm, &bk->gather);
     d->gather_wait_s += wall_time_s() - t0;
@@ -207,7 +212,7 @@ void ddp_need_params(void* ctx, const int* li, int n) {
     int nb = 0;
     for (int i = 0; i < n; i++) {
         if (li[i] < 0 || li[i] >= L->nparams) fatal("internal: ddp_need_params(%d) out of range", li[i]);
-        int b = L->params[li[i]].bucket;   /* the bucket the tensor lives in */
+        int b = L->params[li[i]].bucket; /* the bucket the tensor lives in */
         if (!d->buckets[b].gather_pending) continue;
         int j = nb++;
         while (j > 0 && d->buckets[bks[j - 1]].gather_pos > d->buckets[b].gather_pos) {
@@ -244,7 +249,8 @@ void ddp_overlap_report(const DDP* d, FILE* f) {
     }
     fprintf(f, " ms of a %.1f ms forward+backward (last micro-step)\n", 1000.0 * d->backward_end);
     if (d->cfg.overlap_gather && d->gather_waits > 0)
-        fprintf(f, "overlap: forward waited per bucket on %d all-gathers launched in %s order, %d of them out of "
+        fprintf(f,
+                "overlap: forward waited per bucket on %d all-gathers launched in %s order, %d of them out of "
                 "launch order, %.2f ms blocked\n",
                 d->gather_waits, d->cfg.gather_reverse ? "bucket (reverse)" : "forward", d->gather_out_of_order,
                 1000.0 * d->gather_wait_s);

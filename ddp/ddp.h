@@ -53,13 +53,13 @@
 #include "../zero/optimizer.h"
 
 typedef struct {
-    int zero_stage;            /* 0 DDP, 1 ZeRO-1, 2 ZeRO-2 */
-    int overlap_gather;        /* stages 1, 2: the all-gather hides behind the next forward */
-    int gather_reverse;        /* testing: launch the all-gathers in bucket order, not forward order */
-    int gather_hold;           /* testing, with overlap: hold each all-gather back until a wait needs
-                                * it (or one launched after it), as the slowest network would: a
-                                * forward that read a bucket without waiting would see last step's
-                                * params */
+    int zero_stage;     /* 0 DDP, 1 ZeRO-1, 2 ZeRO-2 */
+    int overlap_gather; /* stages 1, 2: the all-gather hides behind the next forward */
+    int gather_reverse; /* testing: launch the all-gathers in bucket order, not forward order */
+    int gather_hold;    /* testing, with overlap: hold each all-gather back until a wait needs
+                         * it (or one launched after it), as the slowest network would: a
+                         * forward that read a bucket without waiting would see last step's
+                         * params */
 } DDPConfig;
 
 typedef struct {
@@ -67,30 +67,30 @@ typedef struct {
     Comm* comm;
     Backend* be;
     DDPConfig cfg;
-    void* params;              /* the model chunk's flat param buffer */
-    void* grads;               /* this rank's reduced gradients: the model's flat gradient buffer
-                                * (stages 0, 1) or the shard (stage 2) */
-    OptPiece* own;             /* the pieces this rank owns, grad_off into grads: what the grad
-                                * norm reads */
+    void* params;  /* the model chunk's flat param buffer */
+    void* grads;   /* this rank's reduced gradients: the model's flat gradient buffer
+                    * (stages 0, 1) or the shard (stage 2) */
+    OptPiece* own; /* the pieces this rank owns, grad_off into grads: what the grad
+                    * norm reads */
     int nown;
-    Bucket* buckets;           /* [L->nbuckets] */
-    BucketGroup* groups;       /* [L->ngroups] */
-    unsigned char* marked;     /* [L->nparams] marked ready in this micro-step */
-    int last_micro;            /* stages 0, 1 reduce on the last micro-step only */
-    double micro_start;        /* wall time at the start of the micro-step */
-    double backward_end;       /* end of the last backward, seconds after micro_start */
+    Bucket* buckets;       /* [L->nbuckets] */
+    BucketGroup* groups;   /* [L->ngroups] */
+    unsigned char* marked; /* [L->nparams] marked ready in this micro-step */
+    int last_micro;        /* stages 0, 1 reduce on the last micro-step only */
+    double micro_start;    /* wall time at the start of the micro-step */
+    double backward_end;   /* end of the last backward, seconds after micro_start */
     /* param all-gather */
-    int* gather_order;         /* [nbuckets] the bucket at each launch position */
-    int gather_launched;       /* positions [0, gather_launched) are launched */
+    int* gather_order;   /* [nbuckets] the bucket at each launch position */
+    int gather_launched; /* positions [0, gather_launched) are launched */
     int ngather_pending;
-    int gather_next_pos;       /* next position an in-order consumer would wait for */
-    int gather_out_of_order;   /* waits (since the last launch) on another bucket than that */
+    int gather_next_pos;     /* next position an in-order consumer would wait for */
+    int gather_out_of_order; /* waits (since the last launch) on another bucket than that */
     int gather_waits;
-    double gather_wait_s;      /* host time blocked in those waits */
+    double gather_wait_s; /* host time blocked in those waits */
     /* gradients */
-    int sharded;               /* stage 2 at world > 1: working buffers reduced every micro-step */
-    GradShard shard;           /* stage 2 */
-    void** grad_ptr;           /* the model's table (GPT2.grad_ptr), filled here at stage 2 */
+    int sharded;     /* stage 2 at world > 1: working buffers reduced every micro-step */
+    GradShard shard; /* stage 2 */
+    void** grad_ptr; /* the model's table (GPT2.grad_ptr), filled here at stage 2 */
 } DDP;
 
 /* Wires a bound model chunk (gpt2_bind, with shard_grads = zero_stage == 2)

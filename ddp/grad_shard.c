@@ -18,7 +18,8 @@ void grad_shard_init(GradShard* s, const Layout* L, Comm* comm, Backend* be) {
     be->zero(be, s->shard, bytes);
     s->direct = L->world == 1;
     if (s->direct && s->elems != L->total)
-        fatal("internal: at world 1 the gradient shard (%zu) is not the whole buffer (%zu)", s->elems, L->total);
+        fatal("internal: at world 1 the gradient shard (%zu) is not the whole buffer (%zu)", s->elems,
+              L->total);
     s->fifo = xmalloc(sizeof(int) * (size_t)L->nbuckets);
     /* regular working buffers fit every bucket but the largest */
     int big = 0;
@@ -59,7 +60,7 @@ static void complete_oldest(GradShard* s, Bucket* buckets) {
 void grad_shard_acquire(GradShard* s, Bucket* buckets, int b) {
     Bucket* bk = &buckets[b];
     if (s->direct || bk->wslot >= 0) return;
-    while (bk->rslot >= 0) complete_oldest(s, buckets);   /* its previous micro-step's reduction first */
+    while (bk->rslot >= 0) complete_oldest(s, buckets); /* its previous micro-step's reduction first */
     for (;;) {
         int best = -1;
         for (int i = 0; i < s->npool; i++)
@@ -87,7 +88,7 @@ void grad_shard_acquire(GradShard* s, Bucket* buckets, int b) {
     }
     WorkBuf* w = &s->pool[bk->wslot];
     w->bucket = b;
-    s->be->zero(s->be, w->buf, bk->lb->len * es_of(s));   /* kernels accumulate (+=); padding stays 0 */
+    s->be->zero(s->be, w->buf, bk->lb->len * es_of(s)); /* kernels accumulate (+=); padding stays 0 */
 }
 
 void grad_shard_reduce(GradShard* s, Bucket* buckets, int b, double t0) {
@@ -110,7 +111,8 @@ void grad_shard_zero(GradShard* s) { s->be->zero(s->be, s->shard, s->elems * es_
 
 void grad_shard_report(const GradShard* s, int rank, FILE* f) {
     size_t es = es_of(s);
-    fprintf(f, "rank %d zero_stage 2 gradients: shard %.2f MB + %d working buffer(s) %.2f MB = %.2f MB "
+    fprintf(f,
+            "rank %d zero_stage 2 gradients: shard %.2f MB + %d working buffer(s) %.2f MB = %.2f MB "
             "(a full gradient buffer: %.2f MB)\n",
             rank, (double)(s->elems * es) / 1048576.0, s->npool, (double)s->work_bytes / 1048576.0,
             (double)(s->elems * es + s->work_bytes) / 1048576.0, (double)(s->L->total * es) / 1048576.0);
@@ -119,7 +121,8 @@ void grad_shard_report(const GradShard* s, int rank, FILE* f) {
 void grad_shard_free(GradShard* s, Bucket* buckets) {
     if (!s->L) return;
     while (s->fifo_n > 0) complete_oldest(s, buckets);
-    for (int i = 0; i < s->npool; i++) s->be->release(s->be, s->pool[i].buf, s->pool[i].cap * es_of(s), MEM_GRADS);
+    for (int i = 0; i < s->npool; i++)
+        s->be->release(s->be, s->pool[i].buf, s->pool[i].cap * es_of(s), MEM_GRADS);
     s->be->release(s->be, s->shard, s->elems * es_of(s), MEM_GRADS);
     free(s->pool);
     free(s->fifo);

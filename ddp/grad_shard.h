@@ -42,24 +42,24 @@
 #define GRAD_SHARD_INFLIGHT 2
 
 typedef struct {
-    void* buf;                 /* backend memory, cap elements of be->dtype */
+    void* buf; /* backend memory, cap elements of be->dtype */
     size_t cap;
-    int bucket;                /* the bucket using it, -1 when free */
+    int bucket; /* the bucket using it, -1 when free */
 } WorkBuf;
 
 typedef struct {
     const Layout* L;
     Comm* comm;
     Backend* be;
-    void* shard;               /* this rank's reduced gradients, elems elements */
-    size_t* off;               /* [nbuckets + 1]: bucket b's slice at shard + off[b] */
+    void* shard; /* this rank's reduced gradients, elems elements */
+    size_t* off; /* [nbuckets + 1]: bucket b's slice at shard + off[b] */
     size_t elems;
-    int direct;                /* world 1: backward accumulates into the shard itself */
+    int direct; /* world 1: backward accumulates into the shard itself */
     WorkBuf* pool;
     int npool;
-    size_t cap;                /* capacity of a regular working buffer */
-    size_t work_bytes;         /* working buffers allocated */
-    int* fifo;                 /* [nbuckets] in-flight reduce-scatters, in launch order */
+    size_t cap;        /* capacity of a regular working buffer */
+    size_t work_bytes; /* working buffers allocated */
+    int* fifo;         /* [nbuckets] in-flight reduce-scatters, in launch order */
     int fifo_head, fifo_n;
 } GradShard;
 

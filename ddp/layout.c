@@ -112,10 +112,9 @@ int layout_build(Layout* L, const LayoutParamSpec* specs, int nparams, size_t bu
             return -1;
         }
     }
-    size_t m;  /* every bucket length is a multiple of m */
+    size_t m; /* every bucket length is a multiple of m */
     if (!layout_lcm((size_t)world, 128, &m) || !layout_lcm(m, align, &m)) {
-        layout_set_err(err, errlen, "layout: lcm(world %d, 128, align %zu) overflows size_t", world,
-                       align);
+        layout_set_err(err, errlen, "layout: lcm(world %d, 128, align %zu) overflows size_t", world, align);
         return -1;
     }
 
@@ -123,7 +122,7 @@ int layout_build(Layout* L, const LayoutParamSpec* specs, int nparams, size_t bu
      * gives one parameter per chunk (spec_off = its first element), each
      * with a bucket break before it, and a break after the last one. */
     const int nspecs = nparams;
-    size_t* chunk_rows = xcalloc((size_t)nspecs, sizeof *chunk_rows);  /* 0: not cut */
+    size_t* chunk_rows = xcalloc((size_t)nspecs, sizeof *chunk_rows); /* 0: not cut */
     size_t nexp = 0;
     for (int s = 0; s < nspecs; s++) {
         size_t rl = specs[s].row_len;
@@ -133,7 +132,8 @@ int layout_build(Layout* L, const LayoutParamSpec* specs, int nparams, size_t bu
         }
         if (specs[s].numel % rl != 0) {
             free(chunk_rows);
-            layout_set_err(err, errlen, "layout: parameter %s has %zu elements, not a multiple of its row length %zu",
+            layout_set_err(err, errlen,
+                           "layout: parameter %s has %zu elements, not a multiple of its row length %zu",
                            layout_pname(&specs[s], s, nbuf, sizeof nbuf), specs[s].numel, rl);
             return -1;
         }
@@ -156,7 +156,7 @@ int layout_build(Layout* L, const LayoutParamSpec* specs, int nparams, size_t bu
     }
     nparams = (int)nexp;
     LayoutParam* params = xcalloc((size_t)nparams, sizeof *params);
-    unsigned char* brk = xcalloc((size_t)nparams + 1, 1);   /* 1: a bucket starts at this param */
+    unsigned char* brk = xcalloc((size_t)nparams + 1, 1); /* 1: a bucket starts at this param */
     {
         int k = 0;
         for (int s = 0; s < nspecs; s++) {
@@ -181,7 +181,7 @@ int layout_build(Layout* L, const LayoutParamSpec* specs, int nparams, size_t bu
                 params[k].decay = specs[s].decay;
                 k++;
             }
-            brk[k] = 1;   /* the bucket closes after the last chunk */
+            brk[k] = 1; /* the bucket closes after the last chunk */
         }
     }
     free(chunk_rows);
@@ -195,7 +195,7 @@ int layout_build(Layout* L, const LayoutParamSpec* specs, int nparams, size_t bu
         LayoutBucket* B = &buckets[nbuckets];
         B->start = bstart;
         B->first_param = i;
-        size_t end = bstart;  /* end of the last parameter placed in this bucket */
+        size_t end = bstart; /* end of the last parameter placed in this bucket */
         for (;;) {
             size_t off = end;
             if (i > B->first_param && !layout_round_up(end, align, &off)) goto too_large;
@@ -203,7 +203,7 @@ int layout_build(Layout* L, const LayoutParamSpec* specs, int nparams, size_t bu
             params[i].offset = off;
             params[i].bucket = nbuckets;
             end = off + params[i].numel;
-            total_params += params[i].numel;  /* <= end, cannot overflow */
+            total_params += params[i].numel; /* <= end, cannot overflow */
             i++;
             if (end - bstart >= bucket_size || i == nparams || brk[i]) break;
         }
@@ -240,7 +240,7 @@ int layout_build(Layout* L, const LayoutParamSpec* specs, int nparams, size_t bu
     for (int r = 0; r < world; r++) {
         first[r] = (int)acc;
         acc += count[r];
-        count[r] = (size_t)first[r];  /* now: next free slot of rank r */
+        count[r] = (size_t)first[r]; /* now: next free slot of rank r */
     }
     first[world] = (int)acc;
     for (int p = 0; p < nparams; p++) {
@@ -315,8 +315,7 @@ void layout_free(Layout* L) {
 
 OptPiece* layout_opt_pieces(const Layout* L, int rank, int* n) {
     if (!L || !L->params) fatal("layout_opt_pieces: the layout was not built");
-    if (rank < -1 || rank >= L->world)
-        fatal("layout_opt_pieces: rank %d is outside [-1, %d)", rank, L->world);
+    if (rank < -1 || rank >= L->world) fatal("layout_opt_pieces: rank %d is outside [-1, %d)", rank, L->world);
     if (rank == -1) {
         OptPiece* out = xmalloc((size_t)L->nparams * sizeof *out);
         size_t state = 0;
@@ -348,8 +347,7 @@ OptPiece* layout_opt_pieces(const Layout* L, int rank, int* n) {
 
 size_t layout_owned(const Layout* L, int rank) {
     if (!L || !L->rank_owned) fatal("layout_owned: the layout was not built");
-    if (rank < 0 || rank >= L->world)
-        fatal("layout_owned: rank %d is outside [0, %d)", rank, L->world);
+    if (rank < 0 || rank >= L->world) fatal("layout_owned: rank %d is outside [0, %d)", rank, L->world);
     return L->rank_owned[rank];
 }
 
@@ -414,8 +412,7 @@ size_t* layout_shard_offsets(const Layout* L) {
 }
 
 OptPiece* layout_shard_pieces(const Layout* L, int rank, int* n) {
-    if (rank < 0 || rank >= L->world)
-        fatal("layout_shard_pieces: rank %d is outside [0, %d)", rank, L->world);
+    if (rank < 0 || rank >= L->world) fatal("layout_shard_pieces: rank %d is outside [0, %d)", rank, L->world);
     size_t* off = layout_shard_offsets(L);
     int np;
     OptPiece* out = layout_opt_pieces(L, rank, &np);
@@ -440,7 +437,7 @@ size_t layout_chunk_rows(size_t rows, size_t row_len, size_t row_align, size_t b
                          size_t align) {
     if (rows == 0 || row_len == 0 || world < 1 || align < 1) return rows;
     if (rows > SIZE_MAX / row_len) return 0;
-    if (rows * row_len <= bucket_size) return rows;   /* fits one bucket: not cut */
+    if (rows * row_len <= bucket_size) return rows; /* fits one bucket: not cut */
     size_t m, u;
     if (!layout_lcm((size_t)world, 128, &m) || !layout_lcm(m, align, &m)) return 0;
     /* smallest u with u * row_len divisible by m */

@@ -32,48 +32,48 @@
 #define DDP_LAYOUT_H
 
 #include <stddef.h>
-#include "../kernels/kernels.h"   /* OptPiece */
+#include "../kernels/kernels.h" /* OptPiece */
 
 typedef struct {
-    const char* name;   /* for messages; not copied: must outlive the layout */
-    size_t numel;       /* > 0 */
-    int decay;          /* weight decay applies to it */
+    const char* name; /* for messages; not copied: must outlive the layout */
+    size_t numel;     /* > 0 */
+    int decay;        /* weight decay applies to it */
     /* optional (zero-initialise the specs): */
-    size_t row_len;     /* > 0: a matrix of numel / row_len rows (row_len must divide numel)
-                         * that may be cut into row chunks (see above); 0: never cut */
-    size_t row_align;   /* row chunks: their row counts are also multiples of this (0 or 1:
-                         * no extra requirement), e.g. to keep a column slice of a GEMM
-                         * operand aligned */
-    int new_bucket;     /* 1: this parameter starts a new bucket (the one before closes) */
+    size_t row_len;   /* > 0: a matrix of numel / row_len rows (row_len must divide numel)
+                       * that may be cut into row chunks (see above); 0: never cut */
+    size_t row_align; /* row chunks: their row counts are also multiples of this (0 or 1:
+                       * no extra requirement), e.g. to keep a column slice of a GEMM
+                       * operand aligned */
+    int new_bucket;   /* 1: this parameter starts a new bucket (the one before closes) */
 } LayoutParamSpec;
 
 typedef struct {
-    size_t offset;      /* element offset of the parameter in the flat buffer */
+    size_t offset; /* element offset of the parameter in the flat buffer */
     size_t numel;
-    int bucket;         /* the bucket that holds it */
+    int bucket; /* the bucket that holds it */
     int decay;
-    int spec;           /* the spec it comes from (its index in layout_build's specs) */
-    size_t spec_off;    /* element offset inside that spec's parameter: 0, or where this row
-                         * chunk starts (a multiple of row_len) */
-    const char* name;   /* the spec's name (not copied; may be NULL) */
+    int spec;         /* the spec it comes from (its index in layout_build's specs) */
+    size_t spec_off;  /* element offset inside that spec's parameter: 0, or where this row
+                       * chunk starts (a multiple of row_len) */
+    const char* name; /* the spec's name (not copied; may be NULL) */
 } LayoutParam;
 
 typedef struct {
-    size_t start;       /* element offset of the bucket */
-    size_t len;         /* padded length: divisible by lcm(world, 128) */
-    size_t slice_len;   /* len / world */
-    int first_param;    /* parameters [first_param, first_param + nparams) */
+    size_t start;     /* element offset of the bucket */
+    size_t len;       /* padded length: divisible by lcm(world, 128) */
+    size_t slice_len; /* len / world */
+    int first_param;  /* parameters [first_param, first_param + nparams) */
     int nparams;
-    int group;          /* the bucket group it belongs to */
+    int group; /* the bucket group it belongs to */
 } LayoutBucket;
 
 typedef struct {
-    int param;          /* index into params */
-    size_t param_off;   /* element offset inside the parameter */
-    size_t buf_off;     /* element offset in the flat buffer */
+    int param;        /* index into params */
+    size_t param_off; /* element offset inside the parameter */
+    size_t buf_off;   /* element offset in the flat buffer */
     size_t len;
-    size_t state_off;   /* offset in the owner's optimizer state */
-    int owner;          /* the rank whose slice holds it */
+    size_t state_off; /* offset in the owner's optimizer state */
+    int owner;        /* the rank whose slice holds it */
     int decay;
 } LayoutPiece;
 
@@ -85,16 +85,16 @@ typedef struct {
     int nbuckets;
     LayoutBucket* buckets;
     int ngroups;
-    int* group_first_bucket;  /* [ngroups + 1]: group g = buckets [gfb[g], gfb[g+1]) */
-    size_t total;             /* elements in the flat buffer, padding included */
-    size_t total_params;      /* sum of numel */
+    int* group_first_bucket; /* [ngroups + 1]: group g = buckets [gfb[g], gfb[g+1]) */
+    size_t total;            /* elements in the flat buffer, padding included */
+    size_t total_params;     /* sum of numel */
     /* every piece of every rank, sorted by (owner, buf_off); pieces of rank r
      * are pieces[rank_first_piece[r] .. rank_first_piece[r+1]) */
     int npieces;
     LayoutPiece* pieces;
-    int* rank_first_piece;    /* [world + 1] */
-    size_t* rank_owned;       /* [world]: parameter elements rank r owns */
-    int nspecs;               /* specs it was built from; <= nparams */
+    int* rank_first_piece; /* [world + 1] */
+    size_t* rank_owned;    /* [world]: parameter elements rank r owns */
+    int nspecs;            /* specs it was built from; <= nparams */
 } Layout;
 
 /* Builds the layout from nparams specs (L->nparams counts the parameters
@@ -124,7 +124,7 @@ void layout_print(const Layout* L, FILE* f);
  * slices back to back in a "shard": bucket b's slice starts at
  * shard_off[b] = the sum of slice_len over the buckets before b, and the
  * shard holds shard_off[nbuckets] = total / world elements. */
-size_t* layout_shard_offsets(const Layout* L);   /* [nbuckets + 1]; caller frees */
+size_t* layout_shard_offsets(const Layout* L); /* [nbuckets + 1]; caller frees */
 /* Rank r's pieces, exactly as layout_opt_pieces(L, r) (same order, buf_off,
  * length, state_off, decay), but with grad_off the element offset of the
  * piece's gradient in r's shard. */

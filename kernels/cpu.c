@@ -28,7 +28,7 @@
 #include <string.h>
 
 #define LN_EPS 1e-5
-#define GELU_SCALE 0.7978845608028654f   /* sqrt(2/pi) */
+#define GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
 #define GELU_CUBE 0.044715f
 
 /* ------------------------------------------------------------------ memory */
@@ -38,8 +38,7 @@ static void* cpu_alloc(Backend* be, size_t bytes, MemCategory cat) {
     size_t rounded = (bytes + 63) & ~(size_t)63;
     if (rounded == 0) rounded = 64;
     if (posix_memalign(&p, 64, rounded) != 0 || !p)
-        fatal("cpu backend: out of host memory allocating %zu bytes for %s", bytes,
-              mem_category_name[cat]);
+        fatal("cpu backend: out of host memory allocating %zu bytes for %s", bytes, mem_category_name[cat]);
     memset(p, 0, rounded);
     mem_track_alloc(&be->mem, cat, bytes);
     return p;
@@ -175,7 +174,10 @@ static inline float exp_f(float x) {
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    union { int32_t i; float f; } scale;
+    union {
+        int32_t i;
+        float f;
+    } scale;
     /* NaN to int is undefined behaviour: any exponent will do, p is NaN already */
     scale.i = ((n == n ? (int32_t)n : 0) + 127) << 23;
     return p * scale.f;
@@ -216,8 +218,7 @@ static void cpu_gelu_forward(Backend* be, void* out_, const void* inp_, size_t n
     for (size_t i = 0; i < n; i++) out[i] = gelu_f(inp[i]);
 }
 
-static void cpu_gelu_backward(Backend* be, void* dinp_, const void* inp_, const void* dout_,
-                              size_t n) {
+static void cpu_gelu_backward(Backend* be, void* dinp_, const void* inp_, const void* dout_, size_t n) {
     (void)be;
     float* dinp = dinp_;
     const float* inp = inp_;
@@ -230,17 +231,17 @@ static void cpu_gelu_backward(Backend* be, void* dinp_, const void* inp_, const 
 
 #if defined(__AVX512F__)
 #define GEMM_VW 16
-#define GEMM_MR 8    /* 8 x 2 zmm accumulators of 32 */
+#define GEMM_MR 8 /* 8 x 2 zmm accumulators of 32 */
 #else
 #define GEMM_VW 8
-#define GEMM_MR 6    /* 6 x 2 ymm accumulators of 16 */
+#define GEMM_MR 6 /* 6 x 2 ymm accumulators of 16 */
 #endif
 #define GEMM_NR (2 * GEMM_VW)
 #ifndef GEMM_MC
-#define GEMM_MC 96   /* rows of A per task: a multiple of MR */
+#define GEMM_MC 96 /* rows of A per task: a multiple of MR */
 #endif
 #ifndef GEMM_KC
-#define GEMM_KC 256  /* k-block: an MR x KC A panel and a KC x NR B panel sit in L1 */
+#define GEMM_KC 256 /* k-block: an MR x KC A panel and a KC x NR B panel sit in L1 */
 #endif
 
 typedef float gemm_vec __attribute__((vector_size(GEMM_VW * 4)));
@@ -265,10 +266,9 @@ typedef struct {
 
 /* One MR x NR tile of C over kc packed steps. init_row != NULL: start every
  * row from init_row[0..NR); else start from the tile at Cc. */
-static inline __attribute__((always_inline)) void gemm_micro(int kc, const float* restrict Ap,
-                                                              const float* restrict Bp,
-                                                              float* restrict Cc, ptrdiff_t ldc,
-                                                              const float* restrict init_row) {
+static inline __attribute__((always_inline)) void gemm_micro(
+    int kc, const float* restrict Ap, const float* restrict Bp, float* restrict Cc, ptrdiff_t ldc,
+    const float* restrict init_row) {
     gemm_vec acc[GEMM_MR][2];
     if (init_row) {
         gemm_vec i0 = *(const gemm_vec*)init_row;
@@ -360,13 +360,13 @@ static void gemm_pack_b_panel(const GemmArgs* g, float* restrict dst, int j0, in
  * thread takes which task does not change any result: every C element sees
  * its k-blocks in order (k-ranges are separated by barriers). */
 #ifndef GEMM_NCB
-#define GEMM_NCB 4096   /* columns of a shared packed B block: a multiple of NR */
+#define GEMM_NCB 4096 /* columns of a shared packed B block: a multiple of NR */
 #endif
 #ifndef GEMM_NCT
-#define GEMM_NCT 1024   /* columns of one task: a multiple of NR */
+#define GEMM_NCT 1024 /* columns of one task: a multiple of NR */
 #endif
 #ifndef GEMM_BPACK
-#define GEMM_BPACK ((size_t)2 << 20)   /* floats in the shared packed B block (8 MB) */
+#define GEMM_BPACK ((size_t)2 << 20) /* floats in the shared packed B block (8 MB) */
 #endif
 
 static void gemm_run(const GemmArgs* g) {
@@ -452,14 +452,25 @@ static void gemm_run(const GemmArgs* g) {
     free(Bp);
 }
 
-static void cpu_matmul_forward(Backend* be, void* out_, void* pre_gelu_, const void* inp,
-                               const void* w, const void* bias, int N, int C, int OC) {
+static void cpu_matmul_forward(Backend* be, void* out_, void* pre_gelu_, const void* inp, const void* w,
+                               const void* bias, int N, int C, int OC) {
     (void)be;
     float* out = out_;
     float* pre = pre_gelu_ ? (float*)pre_gelu_ : out;
-    GemmArgs g = {.M = N, .N = OC, .K = C, .A = inp, .a_rs = C, .a_cs = 1,
-                  .B = w, .b_rs = 1, .b_cs = C, .C = pre, .ldc = OC,
-                  .accumulate = 0, .bias = bias};
+    GemmArgs g = {
+        .M = N,
+        .N = OC,
+        .K = C,
+        .A = inp,
+        .a_rs = C,
+        .a_cs = 1,
+        .B = w,
+        .b_rs = 1,
+        .b_cs = C,
+        .C = pre,
+        .ldc = OC,
+        .accumulate = 0,
+        .bias = bias};
     gemm_run(&g);
     if (pre_gelu_) cpu_gelu_forward(be, out, pre, (size_t)N * OC);
 }
@@ -472,22 +483,43 @@ static void cpu_matmul_forward(Backend* be, void* out_, void* pre_gelu_, const v
 static void cpu_matmul_backward_weight(Backend* be, void* dw, const void* dout, int ld_dout, const void* inp,
                                        int N, int C, int OC) {
     (void)be;
-    GemmArgs gw = {.M = OC, .N = C, .K = N, .A = dout, .a_rs = 1, .a_cs = ld_dout,
-                   .B = inp, .b_rs = C, .b_cs = 1, .C = dw, .ldc = C,
-                   .accumulate = 1, .bias = NULL};
+    GemmArgs gw = {
+        .M = OC,
+        .N = C,
+        .K = N,
+        .A = dout,
+        .a_rs = 1,
+        .a_cs = ld_dout,
+        .B = inp,
+        .b_rs = C,
+        .b_cs = 1,
+        .C = dw,
+        .ldc = C,
+        .accumulate = 1,
+        .bias = NULL};
     gemm_run(&gw);
 }
 
 static void cpu_matmul_backward(Backend* be, void* dinp_, void* dw_, void* dbias_, const void* dout_,
-                                const void* inp, const void* w, const void* pre_gelu_,
-                                int N, int C, int OC) {
+                                const void* inp, const void* w, const void* pre_gelu_, int N, int C, int OC) {
     float* dinp = dinp_;
     const float* dout = dout_;
     if (dinp) {
         /* dinp[N,C] = dout[N,OC] @ w[OC,C] */
-        GemmArgs gi = {.M = N, .N = C, .K = OC, .A = dout, .a_rs = OC, .a_cs = 1,
-                       .B = w, .b_rs = C, .b_cs = 1, .C = dinp, .ldc = C,
-                       .accumulate = 0, .bias = NULL};
+        GemmArgs gi = {
+            .M = N,
+            .N = C,
+            .K = OC,
+            .A = dout,
+            .a_rs = OC,
+            .a_cs = 1,
+            .B = w,
+            .b_rs = C,
+            .b_cs = 1,
+            .C = dinp,
+            .ldc = C,
+            .accumulate = 0,
+            .bias = NULL};
         gemm_run(&gi);
         if (pre_gelu_) {
             const float* pre = pre_gelu_;
@@ -517,8 +549,8 @@ static void cpu_matmul_backward(Backend* be, void* dinp_, void* dw_, void* dbias
 
 /* ---------------------------------------------------------------- encoder */
 
-static void cpu_encoder_forward(Backend* be, void* out_, const int* inp, const void* wte_,
-                                const void* wpe_, int B, int T, int C) {
+static void cpu_encoder_forward(Backend* be, void* out_, const int* inp, const void* wte_, const void* wpe_,
+                                int B, int T, int C) {
     (void)be;
     float* out = out_;
     const float* wte = wte_;
@@ -537,8 +569,8 @@ static void cpu_encoder_forward(Backend* be, void* out_, const int* inp, const v
  * contributions in (b, t) order, whatever the threading. Token rows outside
  * [v0, v1) are skipped (dwte points at row v0); a NULL dwte or dwpe skips
  * that half. */
-static void cpu_encoder_backward_range(Backend* be, void* dwte_, void* dwpe_, const void* dout_,
-                                       const int* inp, int B, int T, int C, int v0, int v1) {
+static void cpu_encoder_backward_range(Backend* be, void* dwte_, void* dwpe_, const void* dout_, const int* inp,
+                                       int B, int T, int C, int v0, int v1) {
     (void)be;
     float* dwte = dwte_;
     float* dwpe = dwpe_;
@@ -570,18 +602,18 @@ static void cpu_encoder_backward(Backend* be, void* dwte, void* dwpe, const void
 
 /* -------------------------------------------------------------- layernorm */
 
-static inline void layernorm_row(float* out, float* mean, float* rstd, const float* x,
-                                 const float* w, const float* b, int C) {
+static inline void layernorm_row(float* out, float* mean, float* rstd, const float* x, const float* w,
+                                 const float* b, int C) {
     float m = (float)(sum_f64(x, C) / C);
-    double var = sumsq_dev_f64(x, (double)m, C) / C;   /* biased */
+    double var = sumsq_dev_f64(x, (double)m, C) / C; /* biased */
     float rs = (float)(1.0 / sqrt(var + LN_EPS));
     for (int c = 0; c < C; c++) out[c] = (x[c] - m) * rs * w[c] + b[c];
     *mean = m;
     *rstd = rs;
 }
 
-static void cpu_layernorm_forward(Backend* be, void* out_, float* mean, float* rstd,
-                                  const void* inp_, const void* w, const void* b, int N, int C) {
+static void cpu_layernorm_forward(Backend* be, void* out_, float* mean, float* rstd, const void* inp_,
+                                  const void* w, const void* b, int N, int C) {
     (void)be;
     float* out = out_;
     const float* inp = inp_;
@@ -590,9 +622,9 @@ static void cpu_layernorm_forward(Backend* be, void* out_, float* mean, float* r
         layernorm_row(out + (size_t)n * C, mean + n, rstd + n, inp + (size_t)n * C, w, b, C);
 }
 
-static void cpu_residual_layernorm_forward(Backend* be, void* residual_, void* out_, float* mean,
-                                           float* rstd, const void* inp1_, const void* inp2_,
-                                           const void* w, const void* b, int N, int C) {
+static void cpu_residual_layernorm_forward(Backend* be, void* residual_, void* out_, float* mean, float* rstd,
+                                           const void* inp1_, const void* inp2_, const void* w, const void* b,
+                                           int N, int C) {
     (void)be;
     float* residual = residual_;
     float* out = out_;
@@ -608,8 +640,7 @@ static void cpu_residual_layernorm_forward(Backend* be, void* residual_, void* o
     }
 }
 
-static void cpu_residual_forward(Backend* be, void* out_, const void* inp1_, const void* inp2_,
-                                 size_t n) {
+static void cpu_residual_forward(Backend* be, void* out_, const void* inp1_, const void* inp2_, size_t n) {
     (void)be;
     float* out = out_;
     const float* a = inp1_;
@@ -618,9 +649,9 @@ static void cpu_residual_forward(Backend* be, void* out_, const void* inp1_, con
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
-static void cpu_layernorm_backward(Backend* be, void* dinp_, void* dw_, void* db_,
-                                   const void* dout_, const void* inp_, const void* w_,
-                                   const float* mean, const float* rstd, int N, int C) {
+static void cpu_layernorm_backward(Backend* be, void* dinp_, void* dw_, void* db_, const void* dout_,
+                                   const void* inp_, const void* w_, const float* mean, const float* rstd,
+                                   int N, int C) {
     (void)be;
     float* dinp = dinp_;
     float* dw = dw_;
@@ -647,8 +678,7 @@ static void cpu_layernorm_backward(Backend* be, void* dinp_, void* dw_, void* db
             }
             const float dnorm_mean = (float)(sum_f64(dnorm, C) / C);
             const float dnorm_norm_mean = (float)(dot_f64(dnorm, norm, (size_t)C) / C);
-            for (int c = 0; c < C; c++)
-                di[c] += (dnorm[c] - dnorm_mean - norm[c] * dnorm_norm_mean) * rs;
+            for (int c = 0; c < C; c++) di[c] += (dnorm[c] - dnorm_mean - norm[c] * dnorm_norm_mean) * rs;
         }
         /* dw, db: one block of channels per iteration, rows in order, double */
 #pragma omp for schedule(static)
@@ -685,8 +715,8 @@ static int attention_head_size(int C, int NH) {
  * that scores for all keys are computed vectorised over s with the sum over
  * d in order; the output row is accumulated vectorised over d with the sum
  * over s in order. */
-static void cpu_attention_forward(Backend* be, void* out_, float* lse, const void* qkv_, int B,
-                                  int T, int C, int NH) {
+static void cpu_attention_forward(Backend* be, void* out_, float* lse, const void* qkv_, int B, int T, int C,
+                                  int NH) {
     (void)be;
     float* out = out_;
     const float* qkv = qkv_;
@@ -755,11 +785,11 @@ static void cpu_attention_backward(Backend* be, void* dqkv_, const void* dout_, 
     const size_t th = (size_t)T * hs;
 #pragma omp parallel
     {
-        float* kt = cpu_scratch(sizeof(float) * th);   /* k transposed [hs][T] */
-        float* vt = cpu_scratch(sizeof(float) * th);   /* v transposed [hs][T] */
-        float* kr = cpu_scratch(sizeof(float) * th);   /* k rows [T][hs] */
-        float* dk = cpu_scratch(sizeof(float) * th);   /* [T][hs] */
-        float* dv = cpu_scratch(sizeof(float) * th);   /* [T][hs] */
+        float* kt = cpu_scratch(sizeof(float) * th); /* k transposed [hs][T] */
+        float* vt = cpu_scratch(sizeof(float) * th); /* v transposed [hs][T] */
+        float* kr = cpu_scratch(sizeof(float) * th); /* k rows [T][hs] */
+        float* dk = cpu_scratch(sizeof(float) * th); /* [T][hs] */
+        float* dv = cpu_scratch(sizeof(float) * th); /* [T][hs] */
         float* p = cpu_scratch(sizeof(float) * (size_t)T);
         float* dp = cpu_scratch(sizeof(float) * (size_t)T);
         float* dq = cpu_scratch(sizeof(float) * (size_t)hs);
@@ -801,7 +831,7 @@ static void cpu_attention_backward(Backend* be, void* dqkv_, const void* dout_, 
                 const float D = (float)dot_f64(dot, ot, (size_t)hs);
                 for (int s = 0; s < ns; s++) {
                     p[s] = exp_f(p[s] * scale - l);
-                    dp[s] = p[s] * (dp[s] - D);   /* dS */
+                    dp[s] = p[s] * (dp[s] - D); /* dS */
                 }
                 for (int d = 0; d < hs; d++) dq[d] = 0.0f;
                 for (int s = 0; s < ns; s++) {
@@ -838,8 +868,8 @@ static void cpu_attention_backward(Backend* be, void* dqkv_, const void* dout_, 
 
 /* ------------------------------------------------------------- classifier */
 
-static void cpu_fused_classifier(Backend* be, void* logits_, float* losses, const int* targets,
-                                 float dloss, int N, int V, int Vp) {
+static void cpu_fused_classifier(Backend* be, void* logits_, float* losses, const int* targets, float dloss,
+                                 int N, int V, int Vp) {
     (void)be;
     float* logits = logits_;
 #pragma omp parallel
@@ -899,8 +929,8 @@ static double cpu_grad_sumsq(Backend* be, const void* grads_, const OptPiece* pi
     return total;
 }
 
-static void cpu_adamw(Backend* be, void* params_, const void* grads_, float* master, float* m,
-                      float* v, const OptPiece* pieces, int npieces, const AdamWArgs* a) {
+static void cpu_adamw(Backend* be, void* params_, const void* grads_, float* master, float* m, float* v,
+                      const OptPiece* pieces, int npieces, const AdamWArgs* a) {
     (void)be;
     float* params = params_;
     const float* grads = grads_;

@@ -35,35 +35,35 @@ const char* dtype_name(DType d);
 /* One contiguous run of a parameter inside the flat buffers, as the optimizer
  * and the grad norm see it (built by ddp/layout.c). */
 typedef struct {
-    size_t buf_off;    /* element offset in the flat param buffer */
-    size_t grad_off;   /* element offset of its gradient in the gradient buffer handed to the
-                        * kernel: buf_off in a full flat gradient buffer, or its place in a
-                        * ZeRO-2 gradient shard */
-    size_t rng_off;    /* the index of its first element for bf16 stochastic rounding (the
-                        * rounding of element j hashes rng_off + j): buf_off, except where two
-                        * ranks hold copies of one tensor at different offsets and must round
-                        * them alike (a tied embedding across pipeline stages) */
-    size_t state_off;  /* element offset in this rank's optimizer state (master, m, v) */
-    size_t len;        /* elements */
-    int decay;         /* 1: apply weight decay (matmul weights, embeddings) */
+    size_t buf_off;   /* element offset in the flat param buffer */
+    size_t grad_off;  /* element offset of its gradient in the gradient buffer handed to the
+                       * kernel: buf_off in a full flat gradient buffer, or its place in a
+                       * ZeRO-2 gradient shard */
+    size_t rng_off;   /* the index of its first element for bf16 stochastic rounding (the
+                       * rounding of element j hashes rng_off + j): buf_off, except where two
+                       * ranks hold copies of one tensor at different offsets and must round
+                       * them alike (a tied embedding across pipeline stages) */
+    size_t state_off; /* element offset in this rank's optimizer state (master, m, v) */
+    size_t len;       /* elements */
+    int decay;        /* 1: apply weight decay (matmul weights, embeddings) */
 } OptPiece;
 
 typedef struct {
     float lr, beta1, beta2, eps, weight_decay;
-    float grad_scale;  /* multiplies every gradient first (clipping; 1 = none) */
-    int t;             /* 1-based step count for bias correction */
-    uint32_t seed;     /* stochastic rounding seed (bf16 params) */
+    float grad_scale; /* multiplies every gradient first (clipping; 1 = none) */
+    int t;            /* 1-based step count for bias correction */
+    uint32_t seed;    /* stochastic rounding seed (bf16 params) */
 } AdamWArgs;
 
 typedef struct Backend Backend;
 struct Backend {
-    const char* name;  /* "cpu" or "cuda" */
-    DType dtype;       /* dtype of X tensors */
-    void* ctx;         /* backend-private state */
-    MemTracker mem;    /* every allocation below goes through it */
+    const char* name; /* "cpu" or "cuda" */
+    DType dtype;      /* dtype of X tensors */
+    void* ctx;        /* backend-private state */
+    MemTracker mem;   /* every allocation below goes through it */
 
     /* ---- memory ---- */
-    void* (*alloc)(Backend* be, size_t bytes, MemCategory cat);   /* fatal() on failure */
+    void* (*alloc)(Backend* be, size_t bytes, MemCategory cat); /* fatal() on failure */
     void (*release)(Backend* be, void* p, size_t bytes, MemCategory cat);
     void (*zero)(Backend* be, void* p, size_t bytes);
     void (*to_device)(Backend* be, void* dst, const void* host_src, size_t bytes);
@@ -82,42 +82,40 @@ struct Backend {
 
     /* ---- forward ---- */
     /* out[B,T,C] = wte[inp[b,t]] + wpe[t] */
-    void (*encoder_forward)(Backend* be, void* out, const int* inp, const void* wte,
-                            const void* wpe, int B, int T, int C);
+    void (*encoder_forward)(Backend* be, void* out, const int* inp, const void* wte, const void* wpe, int B,
+                            int T, int C);
     /* out = layernorm(inp) * w + b over the last dim; mean, rstd: [N] fp32 */
-    void (*layernorm_forward)(Backend* be, void* out, float* mean, float* rstd,
-                              const void* inp, const void* w, const void* b, int N, int C);
+    void (*layernorm_forward)(Backend* be, void* out, float* mean, float* rstd, const void* inp, const void* w,
+                              const void* b, int N, int C);
     /* residual = inp1 + inp2; out = layernorm(residual) (fused) */
-    void (*residual_layernorm_forward)(Backend* be, void* residual, void* out, float* mean,
-                                       float* rstd, const void* inp1, const void* inp2,
-                                       const void* w, const void* b, int N, int C);
+    void (*residual_layernorm_forward)(Backend* be, void* residual, void* out, float* mean, float* rstd,
+                                       const void* inp1, const void* inp2, const void* w, const void* b, int N,
+                                       int C);
     /* out = inp1 + inp2 */
     void (*residual_forward)(Backend* be, void* out, const void* inp1, const void* inp2, size_t n);
     /* pre = inp[N,C] @ w[OC,C]^T + bias[OC] (bias may be NULL).
      * If pre_gelu != NULL: pre_gelu = pre and out = gelu(pre); else out = pre. */
-    void (*matmul_forward)(Backend* be, void* out, void* pre_gelu, const void* inp,
-                           const void* w, const void* bias, int N, int C, int OC);
+    void (*matmul_forward)(Backend* be, void* out, void* pre_gelu, const void* inp, const void* w,
+                           const void* bias, int N, int C, int OC);
     /* causal self-attention. qkv[B,T,3C] (q | k | v, heads of C/NH inside each);
      * out[B,T,C]; lse[B,NH,T] fp32 logsumexp of the scaled scores per query. */
-    void (*attention_forward)(Backend* be, void* out, float* lse, const void* qkv,
-                              int B, int T, int C, int NH);
+    void (*attention_forward)(Backend* be, void* out, float* lse, const void* qkv, int B, int T, int C, int NH);
     /* tanh-approximated GELU, elementwise */
     void (*gelu_forward)(Backend* be, void* out, const void* inp, size_t n);
     /* losses[N] = -log softmax(logits[n, :V])[targets[n]]; logits rows are Vp
      * long. If dloss != 0, logits is overwritten by its gradient
      * (softmax - onehot) * dloss, with the padded columns V..Vp-1 set to 0. */
-    void (*fused_classifier)(Backend* be, void* logits, float* losses, const int* targets,
-                             float dloss, int N, int V, int Vp);
+    void (*fused_classifier)(Backend* be, void* logits, float* losses, const int* targets, float dloss, int N,
+                             int V, int Vp);
 
     /* ---- backward ---- */
     /* dwte[inp[b,t]] += dout[b,t], dwpe[t] += dout[b,t] (every row of wte;
      * encoder_backward_range below restricts it to some rows) */
-    void (*encoder_backward)(Backend* be, void* dwte, void* dwpe, const void* dout,
-                             const int* inp, int B, int T, int C);
+    void (*encoder_backward)(Backend* be, void* dwte, void* dwpe, const void* dout, const int* inp, int B,
+                             int T, int C);
     /* dinp += ..., dw += ..., db += ... */
-    void (*layernorm_backward)(Backend* be, void* dinp, void* dw, void* db, const void* dout,
-                               const void* inp, const void* w, const float* mean,
-                               const float* rstd, int N, int C);
+    void (*layernorm_backward)(Backend* be, void* dinp, void* dw, void* db, const void* dout, const void* inp,
+                               const void* w, const float* mean, const float* rstd, int N, int C);
     /* dinp = dout @ w (overwrite); dw += dout^T @ inp; dbias += column sums
      * of dout (if dbias != NULL). If pre_gelu != NULL, the GELU backward is
      * fused: dinp = (dout @ w) * gelu'(pre_gelu). That serves the
@@ -125,12 +123,11 @@ struct Backend {
      * the gradient of the fc pre-activation. dinp == NULL skips dX (and the
      * GELU); dw == NULL skips dW (the lm head computes dX first and its dW at
      * the end of backward, through matmul_backward_weight). */
-    void (*matmul_backward)(Backend* be, void* dinp, void* dw, void* dbias, const void* dout,
-                            const void* inp, const void* w, const void* pre_gelu,
-                            int N, int C, int OC);
+    void (*matmul_backward)(Backend* be, void* dinp, void* dw, void* dbias, const void* dout, const void* inp,
+                            const void* w, const void* pre_gelu, int N, int C, int OC);
     /* dqkv = gradient of attention (overwrite) */
-    void (*attention_backward)(Backend* be, void* dqkv, const void* dout, const void* qkv,
-                               const void* out, const float* lse, int B, int T, int C, int NH);
+    void (*attention_backward)(Backend* be, void* dqkv, const void* dout, const void* qkv, const void* out,
+                               const float* lse, int B, int T, int C, int NH);
     /* dinp = dout * gelu'(inp) (overwrite) */
     void (*gelu_backward)(Backend* be, void* dinp, const void* inp, const void* dout, size_t n);
 
@@ -142,8 +139,8 @@ struct Backend {
      * state_off; weight decay decoupled (master -= lr * wd * master) only when
      * piece.decay; then params[buf_off..] = master (stochastically rounded when
      * X is bf16). master/m/v are fp32 arrays of this rank's optimizer state. */
-    void (*adamw)(Backend* be, void* params, const void* grads, float* master, float* m,
-                  float* v, const OptPiece* pieces, int npieces, const AdamWArgs* a);
+    void (*adamw)(Backend* be, void* params, const void* grads, float* master, float* m, float* v,
+                  const OptPiece* pieces, int npieces, const AdamWArgs* a);
 
     /* streams for the communicator (CUDA: cudaStream_t; CPU: NULL) */
     void* compute_stream;
@@ -156,16 +153,16 @@ struct Backend {
      * matching rows of the weight gradient). Each element gets the same sum
      * in the same order as from matmul_backward's dW (CPU: the same bits as
      * the full-width call, whatever the slice). */
-    void (*matmul_backward_weight)(Backend* be, void* dw, const void* dout, int ld_dout,
-                                   const void* inp, int N, int C, int OC);
+    void (*matmul_backward_weight)(Backend* be, void* dw, const void* dout, int ld_dout, const void* inp, int N,
+                                   int C, int OC);
     /* encoder_backward restricted to the vocabulary rows [v0, v1): only
      * tokens with v0 <= id < v1 contribute, into dwte, which points at row
      * v0's gradient (rows v0..v1-1 follow it). dwte == NULL skips the token
      * rows, dwpe == NULL the position rows (v0, v1 then do not matter). Each
      * row gets the same terms in the same order as from encoder_backward, so
      * calls over disjoint ranges give encoder_backward's bits. */
-    void (*encoder_backward_range)(Backend* be, void* dwte, void* dwpe, const void* dout,
-                                   const int* inp, int B, int T, int C, int v0, int v1);
+    void (*encoder_backward_range)(Backend* be, void* dwte, void* dwpe, const void* dout, const int* inp, int B,
+                                   int T, int C, int v0, int v1);
 };
 
 /* Constructors: fatal() with a clear message when the backend is not available. */
@@ -175,6 +172,6 @@ Backend* backend_cpu_create(void);
 Backend* backend_cuda_create(DType dtype, int device_index, int allow_tf32);
 /* (device_index is the local rank, taken modulo the number of visible GPUs:
  * ranks beyond the GPU count share GPUs round-robin.) */
-int backend_cuda_available(void);   /* 1 if built with CUDA and a GPU is visible */
+int backend_cuda_available(void); /* 1 if built with CUDA and a GPU is visible */
 
 #endif

@@ -26,14 +26,14 @@
 #endif
 
 static const char* kind_names[GPT2_NUM_KINDS] = {
-    "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
-    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
+    "wte",  "wpe",  "ln1w", "ln1b", "qkvw",    "qkvb",    "attprojw", "attprojb",
+    "ln2w", "ln2b", "fcw",  "fcb",  "fcprojw", "fcprojb", "lnfw",     "lnfb"};
 
 static int kind_is_layer(int k) { return k >= GPT2_LN1W && k <= GPT2_FCPROJB; }
-#define LAYER_KINDS (GPT2_FCPROJB - GPT2_LN1W + 1)   /* 12 tensors per layer */
+#define LAYER_KINDS (GPT2_FCPROJB - GPT2_LN1W + 1) /* 12 tensors per layer */
 static int kind_decays(int k) {
-    return k == GPT2_WTE || k == GPT2_WPE || k == GPT2_QKVW || k == GPT2_ATTPROJW ||
-           k == GPT2_FCW || k == GPT2_FCPROJW;
+    return k == GPT2_WTE || k == GPT2_WPE || k == GPT2_QKVW || k == GPT2_ATTPROJW || k == GPT2_FCW ||
+           k == GPT2_FCPROJW;
 }
 
 static size_t kind_numel(const GPT2Config* c, int k) {
@@ -47,7 +47,7 @@ static size_t kind_numel(const GPT2Config* c, int k) {
     case GPT2_FCW: return 4 * C * C;
     case GPT2_FCB: return 4 * C;
     case GPT2_FCPROJW: return 4 * C * C;
-    default: return C;   /* layernorm weights/biases, attprojb, fcprojb, lnf */
+    default: return C; /* layernorm weights/biases, attprojb, fcprojb, lnf */
     }
 }
 
@@ -92,12 +92,11 @@ int gpt2_header_decode(const int32_t h[GPT2_HEADER_INTS], GPT2Config* cfg, int* 
     c.num_heads = h[5];
     c.channels = h[6];
     c.padded_vocab_size = h[7];
-    if (c.max_seq_len <= 0 || c.vocab_size <= 0 || c.num_layers <= 0 || c.num_heads <= 0 ||
-        c.channels <= 0 || c.padded_vocab_size < c.vocab_size || c.channels % c.num_heads != 0 ||
-        c.max_seq_len > (1 << 20) || c.channels > (1 << 16) || c.num_layers > 1024 ||
-        c.padded_vocab_size > (1 << 24)) {
-        snprintf(err, errlen, "invalid model shape in header (maxT %d, V %d, Vp %d, L %d, NH %d, C %d)",
-                 h[2], h[3], h[7], h[4], h[5], h[6]);
+    if (c.max_seq_len <= 0 || c.vocab_size <= 0 || c.num_layers <= 0 || c.num_heads <= 0 || c.channels <= 0 ||
+        c.padded_vocab_size < c.vocab_size || c.channels % c.num_heads != 0 || c.max_seq_len > (1 << 20) ||
+        c.channels > (1 << 16) || c.num_layers > 1024 || c.padded_vocab_size > (1 << 24)) {
+        snprintf(err, errlen, "invalid model shape in header (maxT %d, V %d, Vp %d, L %d, NH %d, C %d)", h[2],
+                 h[3], h[7], h[4], h[5], h[6]);
         return -1;
     }
     *cfg = c;
@@ -178,7 +177,7 @@ LayoutParamSpec* gpt2_describe(GPT2* m, const GPT2Config* cfg, int* n) {
             t->decay = kind_decays(k);
             if (l >= 0) snprintf(t->name, sizeof t->name, "h%d.%s", l, kind_names[k]);
             else snprintf(t->name, sizeof t->name, "%s", kind_names[k]);
-            t->present = l >= 0 ? l >= pt->layer_first && l < pt->layer_first + pt->layer_count
+            t->present = l >= 0          ? l >= pt->layer_first && l < pt->layer_first + pt->layer_count
                          : k == GPT2_WTE ? pt->has_embed || pt->has_head
                          : k == GPT2_WPE ? pt->has_embed
                                          : pt->has_head;
@@ -195,9 +194,8 @@ LayoutParamSpec* gpt2_describe(GPT2* m, const GPT2Config* cfg, int* n) {
     m->num_parameters = off;
     /* layout order: the order in which backward finishes the gradients */
     LayoutParamSpec* specs = xcalloc((size_t)m->ntensors, sizeof(LayoutParamSpec));
-    int order_layer[LAYER_KINDS] = {GPT2_FCPROJW, GPT2_FCPROJB, GPT2_FCW, GPT2_FCB, GPT2_LN2W, GPT2_LN2B,
-                           GPT2_ATTPROJW, GPT2_ATTPROJB, GPT2_QKVW, GPT2_QKVB, GPT2_LN1W,
-                           GPT2_LN1B};
+    int order_layer[LAYER_KINDS] = {GPT2_FCPROJW,  GPT2_FCPROJB,  GPT2_FCW,  GPT2_FCB,  GPT2_LN2W, GPT2_LN2B,
+                                    GPT2_ATTPROJW, GPT2_ATTPROJB, GPT2_QKVW, GPT2_QKVB, GPT2_LN1W, GPT2_LN1B};
     int* seq = xmalloc(sizeof(int) * (size_t)m->ntensors);
     int ns = 0;
     if (pt->has_head) {
@@ -246,7 +244,8 @@ void gpt2_bind(GPT2* m, Backend* be, const Layout* L) {
     for (int i = 0; i < m->ntensors; i++) m->tensors[i].nchunks = 0;
     for (int li = 0; li < L->nparams; li++) {
         const LayoutParam* p = &L->params[li];
-        if (p->spec < 0 || p->spec >= L->nspecs) fatal("internal: gpt2_bind: layout parameter %d has no spec", li);
+        if (p->spec < 0 || p->spec >= L->nspecs)
+            fatal("internal: gpt2_bind: layout parameter %d has no spec", li);
         int ti = spec_to_tensor[p->spec];
         GPT2Tensor* t = &m->tensors[ti];
         m->layout_to_tensor[li] = ti;
@@ -332,19 +331,25 @@ static void init_tensor(const GPT2* m, const GPT2Tensor* t, uint64_t seed, float
     rng_seed(&r, seed * 1000003ull + (uint64_t)t->kind * 4099ull + (uint64_t)(t->layer + 1));
     size_t n = t->numel;
     switch (t->kind) {
-    case GPT2_LN1W: case GPT2_LN2W: case GPT2_LNFW:
+    case GPT2_LN1W:
+    case GPT2_LN2W:
+    case GPT2_LNFW:
         for (size_t j = 0; j < n; j++) w[j] = 1.0f;
         break;
-    case GPT2_LN1B: case GPT2_LN2B: case GPT2_LNFB: case GPT2_QKVB: case GPT2_ATTPROJB:
-    case GPT2_FCB: case GPT2_FCPROJB:
-        memset(w, 0, n * sizeof(float));
-        break;
+    case GPT2_LN1B:
+    case GPT2_LN2B:
+    case GPT2_LNFB:
+    case GPT2_QKVB:
+    case GPT2_ATTPROJB:
+    case GPT2_FCB:
+    case GPT2_FCPROJB: memset(w, 0, n * sizeof(float)); break;
     case GPT2_WTE: {
         size_t real = (size_t)c->vocab_size * (size_t)c->channels;
         for (size_t j = 0; j < n; j++) w[j] = j < real ? 0.02f * rng_normal(&r) : 0.0f;
         break;
     }
-    case GPT2_ATTPROJW: case GPT2_FCPROJW:
+    case GPT2_ATTPROJW:
+    case GPT2_FCPROJW:
         for (size_t j = 0; j < n; j++) w[j] = resid_std * rng_normal(&r);
         break;
     default:
@@ -391,9 +396,9 @@ void gpt2_load(GPT2* m, const char* path) {
         fc.padded_vocab_size != c->padded_vocab_size || fc.num_layers != c->num_layers ||
         fc.num_heads != c->num_heads || fc.channels != c->channels)
         fatal("%s: model shape (L %d, NH %d, C %d, maxT %d, V %d) differs from the run's "
-              "(L %d, NH %d, C %d, maxT %d, V %d)", path, fc.num_layers, fc.num_heads,
-              fc.channels, fc.max_seq_len, fc.vocab_size, c->num_layers, c->num_heads,
-              c->channels, c->max_seq_len, c->vocab_size);
+              "(L %d, NH %d, C %d, maxT %d, V %d)",
+              path, fc.num_layers, fc.num_heads, fc.channels, fc.max_seq_len, fc.vocab_size, c->num_layers,
+              c->num_heads, c->channels, c->max_seq_len, c->vocab_size);
     const long long es = version == 3 ? 4 : 2;
     for (int i = 0; i < m->ntensors; i++) {
         const GPT2Tensor* t = &m->tensors[i];
@@ -420,7 +425,8 @@ void gpt2_load(GPT2* m, const char* path) {
 
 void gpt2_save(GPT2* m, const char* path, int version) {
     if (version != 3 && version != 5) fatal("internal: gpt2_save: model file version %d (3 or 5)", version);
-    if (m->npresent != m->ntensors) fatal("internal: gpt2_save of a model chunk (gpt2_write_tensors writes parts)");
+    if (m->npresent != m->ntensors)
+        fatal("internal: gpt2_save of a model chunk (gpt2_write_tensors writes parts)");
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) fatal("path too long: %s", path);
     FILE* f = xfopen(tmp, "wb");
@@ -446,7 +452,8 @@ void gpt2_save(GPT2* m, const char* path, int version) {
 }
 
 int gpt2_write_tensors(GPT2* m, int fd, int version, int skip_wte, char* err, size_t errlen) {
-    if (version != 3 && version != 5) fatal("internal: gpt2_write_tensors: model file version %d (3 or 5)", version);
+    if (version != 3 && version != 5)
+        fatal("internal: gpt2_write_tensors: model file version %d (3 or 5)", version);
     const size_t es = version == 3 ? 4 : 2;
     for (int i = 0; i < m->ntensors; i++) {
         const GPT2Tensor* t = &m->tensors[i];
@@ -465,7 +472,8 @@ int gpt2_write_tensors(GPT2* m, int fd, int version, int skip_wte, char* err, si
         while (done < bytes) {
             ssize_t k = pwrite(fd, (const char*)src + done, bytes - done, at + (off_t)done);
             if (k <= 0) {
-                snprintf(err, errlen, "writing tensor %s failed: %s", t->name, k < 0 ? strerror(errno) : "no progress");
+                snprintf(err, errlen, "writing tensor %s failed: %s", t->name,
+                         k < 0 ? strerror(errno) : "no progress");
                 free(w);
                 free(hb);
                 return -1;
@@ -486,15 +494,15 @@ int gpt2_write_tensors(GPT2* m, int fd, int version, int skip_wte, char* err, si
  * part's layers, indexed from its first layer. */
 typedef struct {
     /* the slot */
-    void* encoded;                        /* [B,T,C]: the part's input */
+    void* encoded;                                               /* [B,T,C]: the part's input */
     void *ln1, *qkv, *atty, *res2, *ln2, *fch, *fch_gelu, *res3; /* per layer */
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lse;
-    void *lnf, *logits;                   /* head */
-    float *lnf_mean, *lnf_rstd, *losses;  /* head */
-    int *inputs, *targets;                /* device token ids */
+    void *lnf, *logits;                  /* head */
+    float *lnf_mean, *lnf_rstd, *losses; /* head */
+    int *inputs, *targets;               /* device token ids */
     /* scratch */
-    void *attproj, *fcproj;               /* forward: each only feeds the residual add after it */
-    void *dres, *dbtc, *dqkv, *dfch;      /* backward */
+    void *attproj, *fcproj;          /* forward: each only feeds the residual add after it */
+    void *dres, *dbtc, *dqkv, *dfch; /* backward */
 } Acts;
 
 /* Carves the slot block (scratch = 0) or the scratch block at base (NULL:
@@ -505,9 +513,9 @@ static size_t acts_layout(const GPT2* m, int B, int T, Acts* a, char* base, int 
     size_t BT = (size_t)B * T, C = (size_t)c->channels, L = (size_t)m->part.layer_count;
     size_t H = m->part.has_head ? 1 : 0;
     size_t off = 0;
-#define CARVE(ptr, type, count)                                              \
-    do {                                                                     \
-        if (base) ptr = (type*)(base + off);                                 \
+#define CARVE(ptr, type, count)                                                                    \
+    do {                                                                                           \
+        if (base) ptr = (type*)(base + off);                                                       \
         off += (((size_t)(count) * (sizeof(type) == 1 ? es : sizeof(type))) + 255) & ~(size_t)255; \
     } while (0)
     /* X tensors are carved as char (sizeof 1 -> element size es) */
@@ -599,8 +607,9 @@ static void* P(const GPT2* m, void* buf, int kind, int layer) {
 /* where backward accumulates the gradient of layout parameter li */
 static void* GPL(const GPT2* m, int li) {
     void* g = m->grad_ptr[li];
-    if (!g) fatal("internal: no gradient buffer for tensor %s (layout parameter %d; need_grads hook missing?)",
-                  m->tensors[m->layout_to_tensor[li]].name, li);
+    if (!g)
+        fatal("internal: no gradient buffer for tensor %s (layout parameter %d; need_grads hook missing?)",
+              m->tensors[m->layout_to_tensor[li]].name, li);
     return g;
 }
 /* ... of tensor (kind, layer): its first layout parameter, which is the
@@ -676,8 +685,8 @@ float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T,
 
     if (pt->has_embed) {
         NEED_P(-1, GPT2_WTE, GPT2_WPE);
-        be->encoder_forward(be, a.encoded, a.inputs, P(m, m->params, GPT2_WTE, -1), P(m, m->params, GPT2_WPE, -1), B,
-                            T, (int)C);
+        be->encoder_forward(be, a.encoded, a.inputs, P(m, m->params, GPT2_WTE, -1),
+                            P(m, m->params, GPT2_WPE, -1), B, T, (int)C);
     }
     /* the first layer's ln1 stands alone; every later ln1 (and lnf) is fused
      * with the residual add that ends the layer before. */
@@ -690,16 +699,16 @@ float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T,
         const int l = l0 + j;
         layer_acts(m, &a, j, &la);
         NEED_P(l, GPT2_QKVW, GPT2_QKVB);
-        be->matmul_forward(be, la.qkv, NULL, la.ln1, P(m, m->params, GPT2_QKVW, l), P(m, m->params, GPT2_QKVB, l),
-                           (int)BT, (int)C, (int)(3 * C));
+        be->matmul_forward(be, la.qkv, NULL, la.ln1, P(m, m->params, GPT2_QKVW, l),
+                           P(m, m->params, GPT2_QKVB, l), (int)BT, (int)C, (int)(3 * C));
         be->attention_forward(be, la.atty, la.lse, la.qkv, B, T, (int)C, NH);
         NEED_P(l, GPT2_ATTPROJW, GPT2_ATTPROJB);
         be->matmul_forward(be, a.attproj, NULL, la.atty, P(m, m->params, GPT2_ATTPROJW, l),
                            P(m, m->params, GPT2_ATTPROJB, l), (int)BT, (int)C, (int)C);
         NEED_P(l, GPT2_LN2W, GPT2_LN2B);
-        be->residual_layernorm_forward(be, la.res2, la.ln2, la.ln2_mean, la.ln2_rstd, la.res_in, a.attproj,
-                                       P(m, m->params, GPT2_LN2W, l), P(m, m->params, GPT2_LN2B, l), (int)BT,
-                                       (int)C);
+        be->residual_layernorm_forward(
+            be, la.res2, la.ln2, la.ln2_mean, la.ln2_rstd, la.res_in, a.attproj, P(m, m->params, GPT2_LN2W, l),
+            P(m, m->params, GPT2_LN2B, l), (int)BT, (int)C);
         NEED_P(l, GPT2_FCW, GPT2_FCB);
         be->matmul_forward(be, la.fch_gelu, la.fch, la.ln2, P(m, m->params, GPT2_FCW, l),
                            P(m, m->params, GPT2_FCB, l), (int)BT, (int)C, (int)(4 * C));
@@ -710,16 +719,16 @@ float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T,
             LayerActs next;
             layer_acts(m, &a, j + 1, &next);
             NEED_P(l + 1, GPT2_LN1W, GPT2_LN1B);
-            be->residual_layernorm_forward(be, la.res3, next.ln1, next.ln1_mean, next.ln1_rstd, la.res2, a.fcproj,
-                                           P(m, m->params, GPT2_LN1W, l + 1), P(m, m->params, GPT2_LN1B, l + 1),
-                                           (int)BT, (int)C);
+            be->residual_layernorm_forward(
+                be, la.res3, next.ln1, next.ln1_mean, next.ln1_rstd, la.res2, a.fcproj,
+                P(m, m->params, GPT2_LN1W, l + 1), P(m, m->params, GPT2_LN1B, l + 1), (int)BT, (int)C);
         } else if (pt->has_head) {
             NEED_P(-1, GPT2_LNFW, GPT2_LNFB);
-            be->residual_layernorm_forward(be, la.res3, a.lnf, a.lnf_mean, a.lnf_rstd, la.res2, a.fcproj,
-                                           P(m, m->params, GPT2_LNFW, -1), P(m, m->params, GPT2_LNFB, -1), (int)BT,
-                                           (int)C);
+            be->residual_layernorm_forward(
+                be, la.res3, a.lnf, a.lnf_mean, a.lnf_rstd, la.res2, a.fcproj, P(m, m->params, GPT2_LNFW, -1),
+                P(m, m->params, GPT2_LNFB, -1), (int)BT, (int)C);
         } else {
-            be->residual_forward(be, la.res3, la.res2, a.fcproj, BT * C);   /* the chunk's output */
+            be->residual_forward(be, la.res3, la.res2, a.fcproj, BT * C); /* the chunk's output */
         }
     }
     m->cur_B = B;
@@ -729,7 +738,8 @@ float gpt2_forward(GPT2* m, const int* inputs, const int* targets, int B, int T,
     be->matmul_forward(be, a.logits, NULL, a.lnf, P(m, m->params, GPT2_WTE, -1), NULL, (int)BT, (int)C,
                        c->padded_vocab_size);
     if (!targets) return 0.0f;
-    be->fused_classifier(be, a.logits, a.losses, a.targets, dloss, (int)BT, c->vocab_size, c->padded_vocab_size);
+    be->fused_classifier(be, a.logits, a.losses, a.targets, dloss, (int)BT, c->vocab_size,
+                         c->padded_vocab_size);
     be->to_host(be, m->losses_host, a.losses, BT * sizeof(float));
     double sum = 0.0;
     for (size_t i = 0; i < BT; i++) sum += m->losses_host[i];
@@ -766,7 +776,8 @@ static void embeddings_backward(GPT2* m, const Acts* a, gpt2_ready_fn ready, voi
                                        (int)C, (int)(lp->numel / C));
         }
         if (pt->has_embed)
-            be->encoder_backward(be, GP(m, GPT2_WTE, -1), GP(m, GPT2_WPE, -1), a->dres, a->inputs, B, T, (int)C);
+            be->encoder_backward(be, GP(m, GPT2_WTE, -1), GP(m, GPT2_WPE, -1), a->dres, a->inputs, B, T,
+                                 (int)C);
         if (ready) {
             if (pt->has_embed) ready(ctx, tp->layout_index);
             for (int k = 0; k < te->nchunks; k++) ready(ctx, te->layout_index + k);
@@ -814,8 +825,8 @@ void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx) {
          * the encoder's rows are added too. Nothing below overwrites logits or
          * lnf (backward's scratch is dres/dbtc/dqkv/dfch; recompute rewrites
          * only the shared ln1/ln2/GELU buffers). */
-        be->matmul_backward(be, a.dbtc, NULL, NULL, a.logits, a.lnf, P(m, W, GPT2_WTE, -1), NULL, (int)BT, (int)C,
-                            c->padded_vocab_size);
+        be->matmul_backward(be, a.dbtc, NULL, NULL, a.logits, a.lnf, P(m, W, GPT2_WTE, -1), NULL, (int)BT,
+                            (int)C, c->padded_vocab_size);
         be->zero(be, a.dres, BT * C * dtype_size(be->dtype));
         layer_acts(m, &a, nl - 1, &la);
         NEED_G(-1, GPT2_LNFW, GPT2_LNFB);
@@ -840,8 +851,8 @@ void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx) {
         be->matmul_backward(be, a.dfch, GP(m, GPT2_FCPROJW, l), GP(m, GPT2_FCPROJB, l), a.dres, la.fch_gelu,
                             P(m, W, GPT2_FCPROJW, l), la.fch, (int)BT, (int)(4 * C), (int)C);
         NEED_G(l, GPT2_FCW, GPT2_FCB);
-        be->matmul_backward(be, a.dbtc, GP(m, GPT2_FCW, l), GP(m, GPT2_FCB, l), a.dfch, la.ln2, P(m, W, GPT2_FCW, l),
-                            NULL, (int)BT, (int)C, (int)(4 * C));
+        be->matmul_backward(be, a.dbtc, GP(m, GPT2_FCW, l), GP(m, GPT2_FCB, l), a.dfch, la.ln2,
+                            P(m, W, GPT2_FCW, l), NULL, (int)BT, (int)C, (int)(4 * C));
         NEED_G(l, GPT2_LN2W, GPT2_LN2B);
         be->layernorm_backward(be, a.dres, GP(m, GPT2_LN2W, l), GP(m, GPT2_LN2B, l), a.dbtc, la.res2,
                                P(m, W, GPT2_LN2W, l), la.ln2_mean, la.ln2_rstd, (int)BT, (int)C);
@@ -885,7 +896,7 @@ void gpt2_logits_row(GPT2* m, int b, int t, float* out) {
 double gpt2_flops_per_token(const GPT2* m, int T) {
     const GPT2Config* c = &m->cfg;
     double C = c->channels, L = c->num_layers;
-    double matmul_params = 12.0 * L * C * C + (double)c->padded_vocab_size * C;  /* layers + lm head */
+    double matmul_params = 12.0 * L * C * C + (double)c->padded_vocab_size * C; /* layers + lm head */
     return 6.0 * matmul_params + 12.0 * L * C * (double)T;
 }
 

@@ -34,20 +34,22 @@
 #include "../ddp/layout.h"
 
 typedef struct {
-    int max_seq_len;        /* maxT */
-    int vocab_size;         /* V: 50257 */
-    int padded_vocab_size;  /* Vp: 50304 */
-    int num_layers;         /* L */
-    int num_heads;          /* NH */
-    int channels;           /* C */
+    int max_seq_len;       /* maxT */
+    int vocab_size;        /* V: 50257 */
+    int padded_vocab_size; /* Vp: 50304 */
+    int num_layers;        /* L */
+    int num_heads;         /* NH */
+    int channels;          /* C */
 } GPT2Config;
 
 /* The 16 kinds of parameter tensor, in llm.c's file order. */
+/* clang-format off */
 enum {
     GPT2_WTE, GPT2_WPE, GPT2_LN1W, GPT2_LN1B, GPT2_QKVW, GPT2_QKVB, GPT2_ATTPROJW,
     GPT2_ATTPROJB, GPT2_LN2W, GPT2_LN2B, GPT2_FCW, GPT2_FCB, GPT2_FCPROJW, GPT2_FCPROJB,
     GPT2_LNFW, GPT2_LNFB, GPT2_NUM_KINDS
 };
+/* clang-format on */
 
 /* The part of the model one GPT2 object holds. A zeroed part is the whole
  * model; a pipeline's model chunk holds layers [layer_first, layer_first +
@@ -55,24 +57,24 @@ enum {
  * encoder), on the last, the final layernorm and the LM head (lnf, and wte
  * again: the head is tied to the token embedding). */
 typedef struct {
-    int layer_first, layer_count;  /* layer_count 0: every layer, embeddings and head */
-    int has_embed;                 /* wte and wpe; the forward starts from token ids */
-    int has_head;                  /* lnf and the tied wte; the forward ends in the loss */
+    int layer_first, layer_count; /* layer_count 0: every layer, embeddings and head */
+    int has_embed;                /* wte and wpe; the forward starts from token ids */
+    int has_head;                 /* lnf and the tied wte; the forward ends in the loss */
 } GPT2Part;
 
 typedef struct {
-    int kind, layer;        /* layer = -1 for the non-layer tensors */
-    int present;            /* held by this model (its part); the others are described but
-                             * have no place in the layout */
+    int kind, layer; /* layer = -1 for the non-layer tensors */
+    int present;     /* held by this model (its part); the others are described but
+                      * have no place in the layout */
     size_t numel;
-    size_t file_off;        /* element offset in llm.c's file order */
-    size_t buf_off;         /* element offset in the flat buffers (from the layout) */
-    int layout_index;       /* index in the layout's parameter list */
-    int decay;              /* weight decay applies: matmul weights and embeddings */
+    size_t file_off;  /* element offset in llm.c's file order */
+    size_t buf_off;   /* element offset in the flat buffers (from the layout) */
+    int layout_index; /* index in the layout's parameter list */
+    int decay;        /* weight decay applies: matmul weights and embeddings */
     char name[32];
-    int nchunks;            /* layout parameters of this tensor, set by gpt2_bind: layout
-                             * indices [layout_index, layout_index + nchunks) (wte: its row
-                             * chunks when the layout cut it; every other tensor: 1) */
+    int nchunks; /* layout parameters of this tensor, set by gpt2_bind: layout
+                  * indices [layout_index, layout_index + nchunks) (wte: its row
+                  * chunks when the layout cut it; every other tensor: 1) */
 } GPT2Tensor;
 
 /* Called by backward as soon as a tensor's gradient is final for this
@@ -107,23 +109,23 @@ typedef struct {
     void** grad_ptr;        /* [nlayout], by LAYOUT index: where backward accumulates each
                              * layout parameter's gradient; gpt2_bind sets grads + offset
                              * (NULL when shard_grads) */
-    gpt2_need_fn need_params, need_grads;  /* optional hooks (NULL = none) */
+    gpt2_need_fn need_params, need_grads; /* optional hooks (NULL = none) */
     void *need_params_ctx, *need_grads_ctx;
     /* activations, allocated for (B, T) by gpt2_alloc_activations: nslots blocks of what
      * forward keeps for backward (a pipeline keeps several micro-batches in flight; slot
      * `slot` is the one forward and backward use, gpt2_use_slot) and one scratch block */
     int B, T;
-    int nslots;             /* set before gpt2_alloc_activations (0 means 1) */
+    int nslots; /* set before gpt2_alloc_activations (0 means 1) */
     int slot;
-    int recompute;          /* activation recomputation, set before gpt2_alloc_activations:
-                             * 0 none; 1 GELU outputs recomputed in backward (one shared
-                             * [B,T,4C] buffer instead of L); 2 also the layernorm outputs
-                             * ln1, ln2 (one shared [B,T,C] each) */
-    void* acts;             /* nslots blocks of slot_bytes, then the scratch block */
+    int recompute; /* activation recomputation, set before gpt2_alloc_activations:
+                    * 0 none; 1 GELU outputs recomputed in backward (one shared
+                    * [B,T,4C] buffer instead of L); 2 also the layernorm outputs
+                    * ln1, ln2 (one shared [B,T,C] each) */
+    void* acts;    /* nslots blocks of slot_bytes, then the scratch block */
     size_t acts_bytes, slot_bytes;
     float* losses_host;
-    int cur_B, cur_T;       /* shape of the last forward */
-    int nlayout;            /* layout parameters (gpt2_bind): ntensors + the extra row chunks */
+    int cur_B, cur_T; /* shape of the last forward */
+    int nlayout;      /* layout parameters (gpt2_bind): ntensors + the extra row chunks */
 } GPT2;
 
 /* Preset "dN": N layers, 64*N channels, N heads, maxT 1024 (d12 = GPT-2
@@ -141,7 +143,8 @@ int gpt2_preset(const char* name, GPT2Config* cfg);
  * one-line reason in err (errlen bytes) that does not name a file (the caller prefixes it).
  * On -1, cfg and version are left as they were. A sane shape bounds the parameter count, so the
  * file size it describes fits in a long long. */
-int gpt2_header_decode(const int32_t h[GPT2_HEADER_INTS], GPT2Config* cfg, int* version, char* err, size_t errlen);
+int gpt2_header_decode(const int32_t h[GPT2_HEADER_INTS], GPT2Config* cfg, int* version, char* err,
+                       size_t errlen);
 /* The header of a model file of this shape and version (3 or 5); other slots 0. */
 void gpt2_header_encode(const GPT2Config* cfg, int version, int32_t h[GPT2_HEADER_INTS]);
 /* Parameter count of the model of this shape (padded vocab rows included), with no model built. */
@@ -197,7 +200,7 @@ int gpt2_write_tensors(GPT2* m, int fd, int version, int skip_wte, char* err, si
 /* Parameters as fp32 in llm.c file order (host array of num_parameters; the
  * present tensors only), after gpt2_bind. */
 void gpt2_params_to_host(GPT2* m, float* out);
-void gpt2_grads_to_host(GPT2* m, float* out);   /* fatal when shard_grads */
+void gpt2_grads_to_host(GPT2* m, float* out); /* fatal when shard_grads */
 void gpt2_params_from_host(GPT2* m, const float* in);
 
 /* The activations for batches of up to B x T tokens (m->recompute and

@@ -8,7 +8,10 @@ static size_t es_of(const Pipeline* pp) { return dtype_size(pp->be->dtype); }
 static size_t act_elems(const Pipeline* pp, const PPChunk* ch) {
     return (size_t)pp->B * pp->T * (size_t)ch->model.cfg.channels;
 }
-static int is_first(const Pipeline* pp, const PPChunk* ch) { (void)pp; return ch->c == 0; }
+static int is_first(const Pipeline* pp, const PPChunk* ch) {
+    (void)pp;
+    return ch->c == 0;
+}
 static int is_last(const Pipeline* pp, const PPChunk* ch) { return ch->c == pp->P * pp->V - 1; }
 
 /* Where global chunk c lives: pipeline rank c % P, local chunk c / P. */
@@ -28,12 +31,17 @@ void pipeline_init(Pipeline* pp, Comm* world, Backend* be, const GPT2Config* cfg
     if (V < 1) fatal("flag --virtual_pipeline_parallel must be positive (got %d)", V);
     if (world->world % P != 0)
         fatal("--pipeline_parallel %d does not divide the %d ranks (ranks = pipeline stages x data-parallel "
-              "replicas)", P, world->world);
+              "replicas)",
+              P, world->world);
     if (V > 1 && P == 1)
-        fatal("--virtual_pipeline_parallel %d needs --pipeline_parallel > 1 (one stage has nothing to interleave)", V);
+        fatal(
+            "--virtual_pipeline_parallel %d needs --pipeline_parallel > 1 (one stage has nothing to interleave)",
+            V);
     if (P * V > L)
-        fatal("--pipeline_parallel %d x --virtual_pipeline_parallel %d = %d model chunks, more than the model's %d "
-              "layers", P, V, P * V, L);
+        fatal(
+            "--pipeline_parallel %d x --virtual_pipeline_parallel %d = %d model chunks, more than the model's %d "
+            "layers",
+            P, V, P * V, L);
     pp->P = P;
     pp->V = V;
     pp->DP = world->world / P;
@@ -49,9 +57,10 @@ void pipeline_init(Pipeline* pp, Comm* world, Backend* be, const GPT2Config* cfg
     pp->nops = 2 * V * pp->m;
     pp->ops = xmalloc(sizeof(PPOp) * (size_t)pp->nops);
     if (pp_schedule(pp->kind, P, V, pp->m, pp->p, pp->ops, err, sizeof err) < 0)
-        fatal("--pp_schedule %s with --pipeline_parallel %d, --virtual_pipeline_parallel %d and %d micro-batches "
-              "(--total_batch_size / (batch_size x sequence_length x data-parallel ranks)): %s",
-              pc->schedule, P, V, pp->m, err);
+        fatal(
+            "--pp_schedule %s with --pipeline_parallel %d, --virtual_pipeline_parallel %d and %d micro-batches "
+            "(--total_batch_size / (batch_size x sequence_length x data-parallel ranks)): %s",
+            pc->schedule, P, V, pp->m, err);
     pp->first_layer = xmalloc(sizeof(int) * (size_t)(P * V + 1));
     if (pp_split_layers(L, P * V, pp->first_layer, err, sizeof err) != 0) fatal("pipeline: %s", err);
 
@@ -77,10 +86,10 @@ void pipeline_init(Pipeline* pp, Comm* world, Backend* be, const GPT2Config* cfg
                                  .has_head = is_last(pp, ch)};
         int nspecs;
         ch->specs = gpt2_describe(m, cfg, &nspecs);
-        if (layout_build(&ch->layout, ch->specs, nspecs, pc->bucket_size, pc->buckets_per_group, pp->DP, 64, err,
-                         sizeof err) != 0)
+        if (layout_build(&ch->layout, ch->specs, nspecs, pc->bucket_size, pc->buckets_per_group, pp->DP, 64,
+                         err, sizeof err) != 0)
             fatal("layout: %s", err);
-        m->shard_grads = pc->zero_stage == 2;   /* ZeRO-2: DDP keeps the gradients, in a shard */
+        m->shard_grads = pc->zero_stage == 2; /* ZeRO-2: DDP keeps the gradients, in a shard */
         gpt2_bind(m, be, &ch->layout);
         m->recompute = pc->recompute;
         m->nslots = pp_max_inflight(pp->ops, pp->nops, v);
@@ -136,8 +145,8 @@ static void send_copy(Pipeline* pp, PPChunk* ch, int k, const void* src, size_t 
     comm_send(&pp->pp, ch->send_buf[k], count, pp->be->dtype, peer, tag, &ch->send[k]);
 }
 
-static void run_forward(Pipeline* pp, PPChunk* ch, const PPOp* op, DataLoader* dl, uint64_t first_row, float dloss,
-                        int* inputs, int* targets, double* loss_sum) {
+static void run_forward(Pipeline* pp, PPChunk* ch, const PPOp* op, DataLoader* dl, uint64_t first_row,
+                        float dloss, int* inputs, int* targets, double* loss_sum) {
     GPT2* m = &ch->model;
     const size_t n = act_elems(pp, ch);
     gpt2_use_slot(m, op->slot);
@@ -167,7 +176,7 @@ static void run_backward(Pipeline* pp, PPChunk* ch, const PPOp* op, int op_index
         recv_wait(pp, gpt2_dres(m), n, rank_of(pp, c), msg_tag(pp, ch->v, op->micro, 1));
     }
     gpt2_backward(m, ddp_param_ready, &ch->ddp);
-    if (ch->ddp.buckets[0].launched) {   /* (every bucket completes in every backward: all launched or none) */
+    if (ch->ddp.buckets[0].launched) { /* (every bucket completes in every backward: all launched or none) */
         if (ch->first_launch_op < 0) ch->first_launch_op = op_index;
         ch->last_launch_op = op_index;
     }
@@ -222,7 +231,7 @@ double pipeline_grad_sumsq(Pipeline* pp) {
 
 void pipeline_after_update(Pipeline* pp, int updated) {
     for (int v = 0; v < pp->V; v++) {
-        if (updated) ddp_gather_params(&pp->chunks[v].ddp);   /* overlapped: waited for in the next forward */
+        if (updated) ddp_gather_params(&pp->chunks[v].ddp); /* overlapped: waited for in the next forward */
         ddp_zero_grads(&pp->chunks[v].ddp);
     }
 }
@@ -246,8 +255,9 @@ double pipeline_eval(Pipeline* pp, const int* inputs, const int* targets) {
         }
         CommHandle h;
         int c = ch->c + 1;
-        comm_send(&pp->pp, gpt2_output(m), n, pp->be->dtype, rank_of(pp, c), msg_tag(pp, local_of(pp, c), 0, 0), &h);
-        comm_wait(&pp->pp, &h);   /* the next chunk's rank posts its receive before anything of ours */
+        comm_send(&pp->pp, gpt2_output(m), n, pp->be->dtype, rank_of(pp, c), msg_tag(pp, local_of(pp, c), 0, 0),
+                  &h);
+        comm_wait(&pp->pp, &h); /* the next chunk's rank posts its receive before anything of ours */
     }
     return loss;
 }
@@ -271,8 +281,10 @@ void pipeline_check_tied(Pipeline* pp) {
     int lo = (int)(hsh & 0x7fffffff), hi = (int)(hsh >> 33);
     int bad = 0;
     if (in_emb) {
-        int mx_lo = comm_allreduce_host_max_int(&pp->emb, lo), mn_lo = -comm_allreduce_host_max_int(&pp->emb, -lo);
-        int mx_hi = comm_allreduce_host_max_int(&pp->emb, hi), mn_hi = -comm_allreduce_host_max_int(&pp->emb, -hi);
+        int mx_lo = comm_allreduce_host_max_int(&pp->emb, lo),
+            mn_lo = -comm_allreduce_host_max_int(&pp->emb, -lo);
+        int mx_hi = comm_allreduce_host_max_int(&pp->emb, hi),
+            mn_hi = -comm_allreduce_host_max_int(&pp->emb, -hi);
         bad = mx_lo != mn_lo || mx_hi != mn_hi;
     }
     if (comm_allreduce_host_max_int(pp->world, bad))
@@ -283,7 +295,8 @@ void pipeline_check_tied(Pipeline* pp) {
 
 void pipeline_print_grid(const Pipeline* pp, FILE* f) {
     if (pp->world->rank != 0) return;
-    fprintf(f, "pipeline: %d stages x %d data-parallel replicas, %d model chunk(s) per rank, schedule %s, %d "
+    fprintf(f,
+            "pipeline: %d stages x %d data-parallel replicas, %d model chunk(s) per rank, schedule %s, %d "
             "micro-batches per step, theoretical bubble (P-1)/(V*m) = %.3f\n",
             pp->P, pp->DP, pp->V, pp_schedule_name(pp->kind), pp->m,
             (double)(pp->P - 1) / ((double)pp->V * pp->m));
@@ -312,14 +325,16 @@ void pipeline_print_chunks(const Pipeline* pp, const Optimizer* opt, FILE* f) {
         const PPChunk* ch = &pp->chunks[v];
         const GPT2* m = &ch->model;
         size_t grads = ch->ddp.cfg.zero_stage == 2 ? ch->ddp.shard.elems * es : ch->layout.total * es;
-        size_t state = 0;   /* fp32 master, m, v of the chunk's pieces */
+        size_t state = 0; /* fp32 master, m, v of the chunk's pieces */
         for (int k = 0; k < opt->bufs[v].npieces; k++) state += 12 * opt->bufs[v].pieces[k].len;
-        fprintf(f, "rank %d chunk %d (layers %d-%d%s%s): %zu params, params %.2f MB, grads %.2f MB, optimizer "
+        fprintf(f,
+                "rank %d chunk %d (layers %d-%d%s%s): %zu params, params %.2f MB, grads %.2f MB, optimizer "
                 "state %.2f MB, activations %.2f MB (peak: %d micro-batch slot(s)), transfer buffers %.2f MB\n",
                 pp->world->rank, ch->c, m->part.layer_first, m->part.layer_first + m->part.layer_count - 1,
                 m->part.has_embed ? " + embeddings" : "", m->part.has_head ? " + head" : "", m->part_parameters,
-                (double)(ch->layout.total * es) / 1048576.0, (double)grads / 1048576.0, (double)state / 1048576.0,
-                (double)m->acts_bytes / 1048576.0, m->nslots, (double)ch->send_bytes / 1048576.0);
+                (double)(ch->layout.total * es) / 1048576.0, (double)grads / 1048576.0,
+                (double)state / 1048576.0, (double)m->acts_bytes / 1048576.0, m->nslots,
+                (double)ch->send_bytes / 1048576.0);
     }
 }
 
@@ -327,9 +342,12 @@ void pipeline_overlap_report(const Pipeline* pp, FILE* f) {
     for (int v = 0; v < pp->V; v++) {
         const PPChunk* ch = &pp->chunks[v];
         int lb = ch->last_bwd;
-        fprintf(f, "rank %d chunk %d: reductions launched during ops %d..%d, its last backward is op %d (micro-batch "
-                "%d)\n", pp->world->rank, ch->c, ch->first_launch_op, ch->last_launch_op, lb,
-                lb >= 0 ? pp->ops[lb].micro : -1);
+        fprintf(
+            f,
+            "rank %d chunk %d: reductions launched during ops %d..%d, its last backward is op %d (micro-batch "
+            "%d)\n",
+            pp->world->rank, ch->c, ch->first_launch_op, ch->last_launch_op, lb,
+            lb >= 0 ? pp->ops[lb].micro : -1);
     }
 }
 
@@ -367,7 +385,8 @@ static int chain_logits(Pipeline* pp, const int* ids, int n, float* row) {
         GPT2* m = &ch->model;
         size_t count = (size_t)n * (size_t)m->cfg.channels;
         gpt2_use_slot(m, 0);
-        if (!is_first(pp, ch)) recv_wait(pp, gpt2_input(m), count, rank_of(pp, ch->c - 1), msg_tag(pp, v, 0, 0));
+        if (!is_first(pp, ch))
+            recv_wait(pp, gpt2_input(m), count, rank_of(pp, ch->c - 1), msg_tag(pp, v, 0, 0));
         gpt2_forward(m, ids, NULL, 1, n, 0.0f);
         if (is_last(pp, ch)) {
             gpt2_logits_row(m, 0, n - 1, row);
@@ -376,8 +395,8 @@ static int chain_logits(Pipeline* pp, const int* ids, int n, float* row) {
         }
         CommHandle h;
         int c = ch->c + 1;
-        comm_send(&pp->pp, gpt2_output(m), count, pp->be->dtype, rank_of(pp, c), msg_tag(pp, local_of(pp, c), 0, 0),
-                  &h);
+        comm_send(&pp->pp, gpt2_output(m), count, pp->be->dtype, rank_of(pp, c),
+                  msg_tag(pp, local_of(pp, c), 0, 0), &h);
         comm_wait(&pp->pp, &h);
     }
     return have;

@@ -51,45 +51,45 @@
 #include "../train/sample.h"
 
 typedef struct {
-    int c, v;                  /* global and local chunk index */
-    GPT2 model;                /* model.part: its layers, embeddings, head */
+    int c, v;   /* global and local chunk index */
+    GPT2 model; /* model.part: its layers, embeddings, head */
     LayoutParamSpec* specs;
     Layout layout;
     DDP ddp;
-    int last_bwd;              /* index in the rank's ops of its last backward */
-    void** send_buf;           /* [m] outgoing data of micro-batch i (output or input gradient) */
-    CommHandle* send;          /* [m] */
-    size_t send_bytes;         /* bytes of send buffers allocated */
-    OptPiece* tied;            /* pieces (of the optimizer's) of the tied wte to sum over emb */
+    int last_bwd;      /* index in the rank's ops of its last backward */
+    void** send_buf;   /* [m] outgoing data of micro-batch i (output or input gradient) */
+    CommHandle* send;  /* [m] */
+    size_t send_bytes; /* bytes of send buffers allocated */
+    OptPiece* tied;    /* pieces (of the optimizer's) of the tied wte to sum over emb */
     int ntied;
-    int first_launch_op;       /* op indices of the backwards that launched reductions in the last */
-    int last_launch_op;        /* step (-1: none): at zero_stage 0/1 only the chunk's last backward;
-                                * at zero_stage 2 every backward, the last being the last backward */
+    int first_launch_op; /* op indices of the backwards that launched reductions in the last */
+    int last_launch_op;  /* step (-1: none): at zero_stage 0/1 only the chunk's last backward;
+                          * at zero_stage 2 every backward, the last being the last backward */
 } PPChunk;
 
 typedef struct {
-    int P, V, DP, p, d, m;     /* grid, micro-batches per step */
+    int P, V, DP, p, d, m; /* grid, micro-batches per step */
     int B, T;
     Comm *world, dp, pp, emb;
     Backend* be;
-    PPChunk* chunks;           /* [V] */
+    PPChunk* chunks; /* [V] */
     PPScheduleKind kind;
-    PPOp* ops;                 /* this rank's schedule, 2*V*m */
+    PPOp* ops; /* this rank's schedule, 2*V*m */
     int nops;
-    int* first_layer;          /* [P*V + 1] */
-    double wait_s;             /* seconds blocked in receives during the last step */
-    int reduce_early;          /* testing: launch each chunk's reductions in its FIRST backward */
+    int* first_layer; /* [P*V + 1] */
+    double wait_s;    /* seconds blocked in receives during the last step */
+    int reduce_early; /* testing: launch each chunk's reductions in its FIRST backward */
 } Pipeline;
 
 typedef struct {
-    int P, V, m;               /* stages, chunks per rank, micro-batches per step */
-    const char* schedule;      /* "1f1b" | "gpipe" */
+    int P, V, m;          /* stages, chunks per rank, micro-batches per step */
+    const char* schedule; /* "1f1b" | "gpipe" */
     int B, T, recompute;
-    int zero_stage;            /* DDPConfig of every chunk */
+    int zero_stage; /* DDPConfig of every chunk */
     DDPConfig ddp;
     size_t bucket_size;
     int buckets_per_group;
-    int reduce_early;          /* testing aid (see Pipeline) */
+    int reduce_early; /* testing aid (see Pipeline) */
 } PipelineConfig;
 
 /* Builds the grid and communicators over world, the schedule and this rank's

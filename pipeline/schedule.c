@@ -39,12 +39,12 @@ int pp_split_layers(int L, int nchunks, int* first, char* err, size_t errlen) {
         return -1;
     }
     int base = L / nchunks, extra = L % nchunks;
-    int middle = pp_max(nchunks - 2, 0);   /* chunks 1..nchunks-2 hold neither end */
+    int middle = pp_max(nchunks - 2, 0); /* chunks 1..nchunks-2 hold neither end */
     first[0] = 0;
     for (int c = 0; c < nchunks; c++) {
         int more;
         if (c == 0) {
-            more = extra > middle;   /* at most one left over: extra <= nchunks-1 = middle+1 */
+            more = extra > middle; /* at most one left over: extra <= nchunks-1 = middle+1 */
         } else if (c == nchunks - 1) {
             more = 0;
         } else {
@@ -96,7 +96,7 @@ static void pp_order_at(PPScheduleKind kind, int P, int V, int m, int k, int bac
     if (kind == PP_INTERLEAVED) {
         pp_interleaved_at(P, V, k, backward, v, i);
     } else if (kind == PP_GPIPE) {
-        if (backward) k = V * m - 1 - k;   /* exactly the reverse of the forward order */
+        if (backward) k = V * m - 1 - k; /* exactly the reverse of the forward order */
         *v = k / m;
         *i = k % m;
     } else {
@@ -108,8 +108,8 @@ static void pp_order_at(PPScheduleKind kind, int P, int V, int m, int k, int bac
 int pp_schedule(PPScheduleKind kind, int P, int V, int m, int p, PPOp* ops, char* err, size_t errlen) {
     if (err && errlen) err[0] = '\0';
     if (P < 1 || V < 1 || m < 1) {
-        pp_set_err(err, errlen,
-                   "pipeline ranks (%d), virtual stages (%d) and micro-batches (%d) must be >= 1", P, V, m);
+        pp_set_err(err, errlen, "pipeline ranks (%d), virtual stages (%d) and micro-batches (%d) must be >= 1",
+                   P, V, m);
         return -1;
     }
     if (p < 0 || p >= P) {
@@ -134,8 +134,7 @@ int pp_schedule(PPScheduleKind kind, int P, int V, int m, int p, PPOp* ops, char
         return -1;
     }
     if (V > (1 << 20) / m || P > (1 << 20) / V) {
-        pp_set_err(err, errlen, "pipeline too large: %d ranks x %d virtual stages x %d micro-batches", P,
-                   V, m);
+        pp_set_err(err, errlen, "pipeline too large: %d ranks x %d virtual stages x %d micro-batches", P, V, m);
         return -1;
     }
     /* The interleaved list of m micro-batches is that of mg, the next multiple of P, less the ops
@@ -148,9 +147,7 @@ int pp_schedule(PPScheduleKind kind, int P, int V, int m, int p, PPOp* ops, char
     case PP_1F1B: warm = pp_min(P - p - 1, m); break;
     case PP_INTERLEAVED: warm = pp_min(2 * (P - p - 1) + (V - 1) * P, total); break;
     case PP_GPIPE: warm = total; break;
-    default:
-        pp_set_err(err, errlen, "unknown schedule kind %d", (int)kind);
-        return -1;
+    default: pp_set_err(err, errlen, "unknown schedule kind %d", (int)kind); return -1;
     }
     int n = 0, nf = 0, nb = 0;
     while (nb < total) {
@@ -169,8 +166,8 @@ static const char* pp_kind_name(int kind) { return kind == PP_FWD ? "F" : kind =
 int pp_check_ops(const PPOp* ops, int n, int V, int m, int check_slots, char* err, size_t errlen) {
     if (err && errlen) err[0] = '\0';
     if (V < 1 || m < 1 || n != 2 * V * m || !ops) {
-        pp_set_err(err, errlen, "a list of %d ops for %d chunks x %d micro-batches (needs 2*V*m = %d)", n,
-                   V, m, 2 * V * m);
+        pp_set_err(err, errlen, "a list of %d ops for %d chunks x %d micro-batches (needs 2*V*m = %d)", n, V, m,
+                   2 * V * m);
         return -1;
     }
     /* state[v*m + i]: 0 nothing yet, 1 forward done, 2 backward done; fslot: the forward's slot */
@@ -226,7 +223,7 @@ int pp_check_ops(const PPOp* ops, int n, int V, int m, int check_slots, char* er
     }
     free(state);
     free(fslot);
-    return rc;   /* n = 2*V*m ops with no repeat: every F and B is there */
+    return rc; /* n = 2*V*m ops with no repeat: every F and B is there */
 }
 
 int pp_assign_slots(PPOp* ops, int n, int V, int m, char* err, size_t errlen) {
@@ -245,7 +242,7 @@ int pp_assign_slots(PPOp* ops, int n, int V, int m, char* err, size_t errlen) {
         char* h = held + (size_t)o->chunk * m;
         if (o->kind == PP_FWD) {
             int s = 0;
-            while (h[s]) s++;   /* at most m micro-batches in flight on a chunk: s < m */
+            while (h[s]) s++; /* at most m micro-batches in flight on a chunk: s < m */
             h[s] = 1;
             o->slot = slot[o->chunk * m + o->micro] = s;
         } else {
@@ -336,7 +333,7 @@ int pp_simulate_ops(int P, int V, int m, const PPOp* const* ops, int t_fwd, int 
             while (pos[p] >= n) p++;
             const PPOp* o = &ops[p][pos[p]];
             int c = o->chunk * P + p, wc = o->kind == PP_FWD ? c - 1 : c + 1, q = wc % P;
-            const PPOp* w = &ops[q][pos[q]];   /* rank q has not run wc's op: it is stuck too */
+            const PPOp* w = &ops[q][pos[q]]; /* rank q has not run wc's op: it is stuck too */
             pp_set_err(err, errlen,
                        "deadlock: rank %d stops at op %d (%s of chunk %d, micro-batch %d) waiting for rank "
                        "%d's %s of chunk %d, micro-batch %d; rank %d stops at op %d (%s of chunk %d, "
@@ -364,7 +361,7 @@ int pp_simulate_ops(int P, int V, int m, const PPOp* const* ops, int t_fwd, int 
          * message is identified by its receiver's op (global chunk, micro); seq[] holds, per
          * message, its index in the sender's list; the receiver's ops must see it increase. */
         r->in_order = 1;
-        int* seq = fend;   /* reused: C*m entries */
+        int* seq = fend; /* reused: C*m entries */
         for (int kind = PP_FWD; kind <= PP_BWD; kind++) {
             for (int p = 0; p < P; p++) {
                 for (int k = 0; k < n; k++) {
@@ -375,7 +372,7 @@ int pp_simulate_ops(int P, int V, int m, const PPOp* const* ops, int t_fwd, int 
                 }
             }
             for (int p = 0; p < P; p++) {
-                int last = -1;   /* one sender per receiver and kind: the rank of chunk c-1 (F), c+1 (B) */
+                int last = -1; /* one sender per receiver and kind: the rank of chunk c-1 (F), c+1 (B) */
                 for (int k = 0; k < n; k++) {
                     const PPOp* o = &ops[p][k];
                     if (o->kind != kind) continue;

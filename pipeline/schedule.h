@@ -67,10 +67,10 @@ typedef enum { PP_FWD = 0, PP_BWD = 1 } PPOpKind;
 typedef enum { PP_1F1B = 0, PP_INTERLEAVED = 1, PP_GPIPE = 2 } PPScheduleKind;
 
 typedef struct {
-    int kind;    /* PP_FWD or PP_BWD */
-    int chunk;   /* local chunk v in [0, V): global chunk v*P + p */
-    int micro;   /* micro-batch in [0, m) */
-    int slot;    /* the activation slot of (chunk, micro): see "Activation slots" above */
+    int kind;  /* PP_FWD or PP_BWD */
+    int chunk; /* local chunk v in [0, V): global chunk v*P + p */
+    int micro; /* micro-batch in [0, m) */
+    int slot;  /* the activation slot of (chunk, micro): see "Activation slots" above */
 } PPOp;
 
 /* The schedule a name selects: "1f1b" is PP_1F1B for V = 1 and PP_INTERLEAVED for V > 1; "gpipe"
@@ -109,14 +109,14 @@ int pp_max_inflight(const PPOp* ops, int n, int chunk);
 #define PP_SIM_MAX_RANKS 64
 
 typedef struct {
-    int makespan;              /* when the last op of any rank ends (time starts at 0) */
-    int busy;                  /* compute time of one rank, V*m*(t_fwd + t_bwd): the same on all */
+    int makespan;                        /* when the last op of any rank ends (time starts at 0) */
+    int busy;                            /* compute time of one rank, V*m*(t_fwd + t_bwd): the same on all */
     int idle[PP_SIM_MAX_RANKS];          /* rank p's bubble: makespan - busy */
     int peak_inflight[PP_SIM_MAX_RANKS]; /* pp_max_inflight(rank p's list, -1) */
-    double bubble;             /* max over ranks of idle / busy */
-    double ideal_bubble;       /* (P - 1) / (V * m) */
-    int in_order;              /* 1: on every (sender, receiver, F or B) channel, messages are
-                                * received in the order they are sent */
+    double bubble;                       /* max over ranks of idle / busy */
+    double ideal_bubble;                 /* (P - 1) / (V * m) */
+    int in_order;                        /* 1: on every (sender, receiver, F or B) channel, messages are
+                                          * received in the order they are sent */
 } PPSimResult;
 
 /* Runs the P ranks' lists ops[p][0 .. 2*V*m) in discrete time: an F takes t_fwd units, a B t_bwd

@@ -9,17 +9,17 @@
 
 static int test_passed = 0, test_failed = 0;
 
-#define CHECK(cond, ...)                                                         \
-    do {                                                                         \
-        if (cond) {                                                              \
-            test_passed++;                                                       \
-        } else {                                                                 \
-            test_failed++;                                                       \
-            fprintf(stdout, "FAIL %s:%d: ", __FILE__, __LINE__);                 \
-            fprintf(stdout, __VA_ARGS__);                                        \
-            fprintf(stdout, "\n");                                               \
-            fflush(stdout);                                                      \
-        }                                                                        \
+#define CHECK(cond, ...)                                         \
+    do {                                                         \
+        if (cond) {                                              \
+            test_passed++;                                       \
+        } else {                                                 \
+            test_failed++;                                       \
+            fprintf(stdout, "FAIL %s:%d: ", __FILE__, __LINE__); \
+            fprintf(stdout, __VA_ARGS__);                        \
+            fprintf(stdout, "\n");                               \
+            fflush(stdout);                                      \
+        }                                                        \
     } while (0)
 
 static inline int test_done(const char* name) {

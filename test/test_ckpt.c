@@ -56,7 +56,7 @@ static void test_crc(void) {
         for (size_t i = 0; i < n; i++) buf[i] = (unsigned char)rng_u64(&r);
         uint32_t want = ref_crc32(buf, n), c = 0;
         size_t off = 0;
-        while (off < n) {   /* random chunking: the running value must chain */
+        while (off < n) { /* random chunking: the running value must chain */
             size_t k = 1 + (size_t)(rng_u64(&r) % 97);
             if (k > n - off) k = n - off;
             c = ckpt_crc32(c, buf + off, k);
@@ -69,8 +69,12 @@ static void test_crc(void) {
 }
 
 static GPT2Config tiny_cfg(void) {
-    GPT2Config c = {.max_seq_len = 16, .vocab_size = 60, .padded_vocab_size = 64, .num_layers = 2,
-                    .num_heads = 2, .channels = 8};
+    GPT2Config c = {.max_seq_len = 16,
+                    .vocab_size = 60,
+                    .padded_vocab_size = 64,
+                    .num_layers = 2,
+                    .num_heads = 2,
+                    .channels = 8};
     return c;
 }
 
@@ -83,11 +87,25 @@ static CkptHeader sample_header(const GPT2Config* cfg, size_t P) {
     h.progress = (CkptProgress){.step = 17, .next_row = 1234567890123ull, .bad_streak = 2};
     h.opt_t = 15;
     h.dtype = 1;
-    h.hp = (CkptHparams){.sequence_length = 16, .seed = -42, .shuffle = 1, .train_rows = 999,
-                         .total_batch_size = 1LL << 40, .batch_size = 3, .world = 5, .zero_stage = 1,
-                         .num_iterations = 100, .lr_schedule = 2, .warmup_iters = 7,
-                         .learning_rate = 3e-4f, .lr_decay_frac = 0.1f, .weight_decay = 0.1f,
-                         .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .grad_clip = 1.0f};
+    h.hp = (CkptHparams){
+        .sequence_length = 16,
+        .seed = -42,
+        .shuffle = 1,
+        .train_rows = 999,
+        .total_batch_size = 1LL << 40,
+        .batch_size = 3,
+        .world = 5,
+        .zero_stage = 1,
+        .num_iterations = 100,
+        .lr_schedule = 2,
+        .warmup_iters = 7,
+        .learning_rate = 3e-4f,
+        .lr_decay_frac = 0.1f,
+        .weight_decay = 0.1f,
+        .beta1 = 0.9f,
+        .beta2 = 0.95f,
+        .eps = 1e-8f,
+        .grad_clip = 1.0f};
     return h;
 }
 
@@ -110,18 +128,26 @@ static void test_header_bytes(void) {
     CkptHeader h = sample_header(&cfg, P);
     const float fl[7] = {3e-4f, 0.1f, 0.1f, 0.9f, 0.95f, 1e-8f, 1.0f};
     uint64_t slots[128] = {
-        20261203, 1, 1024, P,                        /* magic, version, header bytes, P */
-        17, 1234567890123ull, 15, 2,                 /* step, next row, AdamW t, bad streak */
-        16, 60, 64, 2, 2, 8,                         /* maxT, V, padded V, L, NH, C */
-        16, (uint64_t)(int64_t)-42, 1, 999,          /* T, seed, shuffle, training rows */
-        1ull << 40, 3, 5, 1, 100, 2, 7,              /* total batch, B, world, zero, iters, schedule, warmup */
+        20261203,   1,
+        1024,       P, /* magic, version, header bytes, P */
+        17,         1234567890123ull,
+        15,         2, /* step, next row, AdamW t, bad streak */
+        16,         60,
+        64,         2,
+        2,          8, /* maxT, V, padded V, L, NH, C */
+        16,         (uint64_t)(int64_t)-42,
+        1,          999, /* T, seed, shuffle, training rows */
+        1ull << 40, 3,
+        5,          1,
+        100,        2,
+        7, /* total batch, B, world, zero, iters, schedule, warmup */
     };
     for (int i = 0; i < 7; i++) {
         uint32_t u;
         memcpy(&u, &fl[i], 4);
         slots[25 + i] = u;
     }
-    slots[32] = 1;                                   /* dtype */
+    slots[32] = 1; /* dtype */
     unsigned char want[CKPT_HEADER_BYTES], got[CKPT_HEADER_BYTES];
     for (int s = 0; s < 128; s++)
         for (int b = 0; b < 8; b++) want[s * 8 + b] = (unsigned char)(slots[s] >> (8 * b));
@@ -144,16 +170,33 @@ static void test_header(void) {
     CHECK(rc == 0, "decode of an encoded header failed: %s", err);
     CHECK(memcmp(&h.cfg, &d.cfg, sizeof h.cfg) == 0 && d.num_parameters == P, "header: shape round trip");
     CHECK(d.progress.step == 17 && d.progress.next_row == 1234567890123ull && d.progress.bad_streak == 2 &&
-              d.opt_t == 15 && d.dtype == 1, "header: progress round trip");
+              d.opt_t == 15 && d.dtype == 1,
+          "header: progress round trip");
     CHECK(memcmp(&h.hp, &d.hp, sizeof h.hp) == 0, "header: hyperparameters round trip (seed %d, lr %g)",
           d.hp.seed, d.hp.learning_rate);
     /* corruptions: each must be refused with a reason */
-    struct { int slot; uint64_t val; const char* what; } cases[] = {
-        {0, 12345, "magic"}, {1, 2, "version"}, {2, 512, "header size"}, {3, 1000, "parameter count"},
-        {4, (uint64_t)-1, "negative step"}, {6, 18, "AdamW t above the step"}, {8, 0, "maxT 0"},
-        {10, 59, "padded vocab below vocab"}, {12, 3, "heads not dividing C"}, {14, 17, "T above maxT"},
-        {16, 2, "shuffle 2"}, {17, 0, "no training rows"}, {18, 0, "total batch 0"}, {21, 5, "zero_stage 5"},
-        {23, 9, "unknown schedule"}, {25, 0x7fc00000u, "NaN learning rate"}, {30, 0x7f800000u, "Inf eps"},
+    struct {
+        int slot;
+        uint64_t val;
+        const char* what;
+    } cases[] = {
+        {0, 12345, "magic"},
+        {1, 2, "version"},
+        {2, 512, "header size"},
+        {3, 1000, "parameter count"},
+        {4, (uint64_t)-1, "negative step"},
+        {6, 18, "AdamW t above the step"},
+        {8, 0, "maxT 0"},
+        {10, 59, "padded vocab below vocab"},
+        {12, 3, "heads not dividing C"},
+        {14, 17, "T above maxT"},
+        {16, 2, "shuffle 2"},
+        {17, 0, "no training rows"},
+        {18, 0, "total batch 0"},
+        {21, 5, "zero_stage 5"},
+        {23, 9, "unknown schedule"},
+        {25, 0x7fc00000u, "NaN learning rate"},
+        {30, 0x7f800000u, "Inf eps"},
         {11, 1u << 20, "absurd layer count"}};
     int nc = (int)(sizeof cases / sizeof cases[0]);
     for (int i = 0; i < nc; i++) {
@@ -167,14 +210,17 @@ static void test_header(void) {
           "a short header is refused as truncated: %s", err);
     printf("header: round trip, %d corruptions refused\n", nc);
 
-    const char* good = "gpt2-checkpoint v1\nstep 12\nmodel.bin 6545920 crc32 58724e6e\nstate.bin 19635712 crc32 ad0793a6\n";
+    const char* good =
+        "gpt2-checkpoint v1\nstep 12\nmodel.bin 6545920 crc32 58724e6e\nstate.bin 19635712 crc32 ad0793a6\n";
     CkptDone dn;
     rc = ckpt_done_parse(good, strlen(good), &dn, err, sizeof err);
     CHECK(rc == 0 && dn.step == 12 && dn.model_bytes == 6545920 && dn.model_crc == 0x58724e6eu &&
-              dn.state_bytes == 19635712 && dn.state_crc == 0xad0793a6u, "DONE: parse of a good marker (%s)", err);
+              dn.state_bytes == 19635712 && dn.state_crc == 0xad0793a6u,
+          "DONE: parse of a good marker (%s)", err);
     char again[256];
     int len = ckpt_done_format(&dn, again, sizeof again);
-    CHECK(len == (int)strlen(good) && strcmp(again, good) == 0, "DONE: format of the parsed marker: '%s'", again);
+    CHECK(len == (int)strlen(good) && strcmp(again, good) == 0, "DONE: format of the parsed marker: '%s'",
+          again);
     const char* near[] = {
         "gpt2-checkpoint v1\nstep 12\nmodel.bin 6545920 crc32 58724e6e\nstate.bin 19635712 crc32 ad0793a6",
         "gpt2-checkpoint v1\nstep 12\nmodel.bin 6545920 crc32 58724e6e\nstate.bin 19635712 crc32 ad0793a6\n\n",
@@ -184,10 +230,12 @@ static void test_header(void) {
         "gpt2-checkpoint v1\nstep 12\nmodel.bin 6545920 crc32 58724e6\nstate.bin 19635712 crc32 ad0793a6\n",
         "gpt2-checkpoint v1\nstep 99999999999\nmodel.bin 1 crc32 58724e6e\nstate.bin 1 crc32 ad0793a6\n",
         "gpt2-checkpoint v1\nstep 12\nstate.bin 19635712 crc32 ad0793a6\nmodel.bin 6545920 crc32 58724e6e\n",
-        "", "gpt2-checkpoint v1\n"};
+        "",
+        "gpt2-checkpoint v1\n"};
     int nn = (int)(sizeof near / sizeof near[0]);
     for (int i = 0; i < nn; i++)
-        CHECK(ckpt_done_parse(near[i], strlen(near[i]), &dn, err, sizeof err) != 0, "DONE near miss %d accepted", i);
+        CHECK(ckpt_done_parse(near[i], strlen(near[i]), &dn, err, sizeof err) != 0,
+              "DONE near miss %d accepted", i);
     printf("DONE: good marker parsed and formatted back, %d near misses refused\n", nn);
 }
 
@@ -221,10 +269,14 @@ static void test_fields(void) {
         if (f->role == CKPT_SHAPE) ok &= inside(f->off, offsetof(CkptHeader, cfg), sizeof(GPT2Config));
         if (f->role == CKPT_MUST_MATCH || f->role == CKPT_MAY_CHANGE)
             ok &= inside(f->off, offsetof(CkptHeader, hp), sizeof(CkptHparams));
-        if (f->role == CKPT_MUST_MATCH) {   /* two %s, no other conversion */
+        if (f->role == CKPT_MUST_MATCH) { /* two %s, no other conversion */
             int conv = 0, strs = 0;
             for (const char* c = f->mismatch ? f->mismatch : ""; *c; c++)
-                if (*c == '%') { conv++; strs += c[1] == 's'; c++; }
+                if (*c == '%') {
+                    conv++;
+                    strs += c[1] == 's';
+                    c++;
+                }
             ok &= f->mismatch && conv == 2 && strs == 2;
         } else {
             ok &= f->mismatch == NULL;
@@ -243,10 +295,10 @@ static void test_fields(void) {
         uint64_t outside[3];
         int no = 0;
         if (f->type == CKPT_F32) {
-            outside[no++] = 0x7fc00000u;   /* NaN */
-            outside[no++] = 0xff800000u;   /* -Inf */
+            outside[no++] = 0x7fc00000u; /* NaN */
+            outside[no++] = 0xff800000u; /* -Inf */
         } else {
-            long long min = f->type == CKPT_U64 ? 0 : -0x7fffffffffffffffLL - 1;   /* of the slot's type */
+            long long min = f->type == CKPT_U64 ? 0 : -0x7fffffffffffffffLL - 1; /* of the slot's type */
             if (f->lo > min) outside[no++] = (uint64_t)(f->lo - 1);
             if (f->hi != CKPT_NO_MAX) outside[no++] = (uint64_t)(f->hi + 1);
         }
@@ -290,8 +342,10 @@ static void test_fields(void) {
     now = h.hp;
     now.seed = -41;
     rc = ckpt_header_check_resume(&h, &now, notes, sizeof notes, err, sizeof err);
-    CHECK(rc != 0 && strcmp(err, "--seed -41 differs from the checkpoint's -42 (the data order and the rounding "
-                             "depend on it)") == 0, "seed mismatch: '%s'", err);
+    CHECK(rc != 0 &&
+              strcmp(err, "--seed -41 differs from the checkpoint's -42 (the data order and the rounding "
+                          "depend on it)") == 0,
+          "seed mismatch: '%s'", err);
     now = h.hp;
     now.world = 2;
     now.learning_rate = 6e-4f;
@@ -302,11 +356,12 @@ static void test_fields(void) {
     now = h.hp;
     now.num_iterations = 16;
     rc = ckpt_header_check_resume(&h, &now, NULL, 0, err, sizeof err);
-    CHECK(rc != 0 && strstr(err, "--num_iterations 16 is below the checkpoint's step 17"), "num_iterations: '%s'",
-          err);
-    printf("field table: %d fields, slots unique (%s); %d/%d out-of-range values refused; %d must-match settings "
-           "refused, %d may-change settings printed\n", ckpt_nfields, table_ok ? "ok" : "BAD", refused, probes,
-           matched, noted);
+    CHECK(rc != 0 && strstr(err, "--num_iterations 16 is below the checkpoint's step 17"),
+          "num_iterations: '%s'", err);
+    printf(
+        "field table: %d fields, slots unique (%s); %d/%d out-of-range values refused; %d must-match settings "
+        "refused, %d may-change settings printed\n",
+        ckpt_nfields, table_ok ? "ok" : "BAD", refused, probes, matched, noted);
 }
 
 /* ---- canonical order across world sizes, stages and bucket sizes ---- */
@@ -316,8 +371,8 @@ typedef struct {
     Layout L;
     GPT2 m;
     LayoutParamSpec* specs;
-    Optimizer* opt;     /* [world] */
-    Checkpointer* ck;   /* [world]: spans only (ckpt_init does no I/O) */
+    Optimizer* opt;   /* [world] */
+    Checkpointer* ck; /* [world]: spans only (ckpt_init does no I/O) */
 } Config;
 
 static void config_make(Config* c, Backend* be, const GPT2Config* cfg, const float* ref, int world, int zero,
@@ -332,7 +387,7 @@ static void config_make(Config* c, Backend* be, const GPT2Config* cfg, const flo
     if (layout_build(&c->L, c->specs, ns, small ? 100 : 100000000, 1, world, 64, err, sizeof err) != 0)
         fatal("layout: %s", err);
     gpt2_bind(&c->m, be, &c->L);
-    gpt2_params_from_host(&c->m, ref);   /* the model's own llm.c-order placement */
+    gpt2_params_from_host(&c->m, ref); /* the model's own llm.c-order placement */
     c->opt = xcalloc((size_t)world, sizeof(Optimizer));
     c->ck = xcalloc((size_t)world, sizeof(Checkpointer));
     CkptHparams hp;
@@ -394,7 +449,10 @@ static void test_canonical(void) {
                     Optimizer* o = &A.opt[r];
                     for (int s = 0; s < A.ck[r].nheld; s++) {
                         const CkptSpan* sp = &A.ck[r].held[s];
-                        if (sp->canon_off + sp->len > P) { held_ok = 0; continue; }
+                        if (sp->canon_off + sp->len > P) {
+                            held_ok = 0;
+                            continue;
+                        }
                         for (size_t i = 0; i < sp->len; i++)
                             if (o->master[sp->state_off + i] != ref[sp->canon_off + i]) held_ok = 0;
                     }
@@ -414,12 +472,13 @@ static void test_canonical(void) {
                 for (size_t i = 0; i < P; i++) tile &= cover[i] == 1;
                 free(cover);
                 tiles_ok += tile;
-                CHECK(tile, "world %d zero %d small %d: owned ranges do not tile the parameters once", world, zero, small);
+                CHECK(tile, "world %d zero %d small %d: owned ranges do not tile the parameters once", world,
+                      zero, small);
                 /* every rank writes its owned ranges into one file (rank 0 the header) */
                 snprintf(path, sizeof path, "%s/state_w%d_z%d_s%d.bin", g_dir, world, zero, small);
                 unlink(path);
                 int wrc = 0;
-                for (int r = world - 1; r >= 0; r--)   /* any order: the offsets are absolute */
+                for (int r = world - 1; r >= 0; r--) /* any order: the offsets are absolute */
                     wrc |= ckpt_write_state(path, be, P, r == 0 ? want : NULL, A.ck[r].own, A.ck[r].nown,
                                             A.opt[r].master, A.opt[r].m, A.opt[r].v, err, sizeof err);
                 FILE* f = fopen(path, "rb");
@@ -430,7 +489,8 @@ static void test_canonical(void) {
                 free(file);
                 files++;
                 files_ok += same;
-                CHECK(same, "world %d zero %d small %d: state.bin differs from the canonical reference (%zu bytes)",
+                CHECK(same,
+                      "world %d zero %d small %d: state.bin differs from the canonical reference (%zu bytes)",
                       world, zero, small, n);
                 /* read back at other configurations */
                 for (int w2 = 1; w2 <= 6; w2 += 2)
@@ -441,7 +501,7 @@ static void test_canonical(void) {
                         for (int r = 0; r < w2; r++) {
                             Optimizer* o = &B.opt[r];
                             float* m0 = xmalloc(o->nstate * sizeof(float) + 1);
-                            memcpy(m0, o->master, o->nstate * sizeof(float));   /* what init derived */
+                            memcpy(m0, o->master, o->nstate * sizeof(float)); /* what init derived */
                             for (size_t i = 0; i < o->nstate; i++) o->master[i] = o->m[i] = o->v[i] = -1.0f;
                             if (ckpt_read_state(path, be, P, B.ck[r].held, B.ck[r].nheld, o->master, o->m, o->v,
                                                 err, sizeof err) != 0) {
@@ -450,13 +510,14 @@ static void test_canonical(void) {
                                 continue;
                             }
                             for (size_t i = 0; i < o->nstate; i++)
-                                if (o->master[i] != m0[i] || o->m[i] != 2.0f * m0[i] || o->v[i] != 3.0f * m0[i]) ok = 0;
+                                if (o->master[i] != m0[i] || o->m[i] != 2.0f * m0[i] || o->v[i] != 3.0f * m0[i])
+                                    ok = 0;
                             free(m0);
                         }
                         reads++;
                         reads_ok += ok;
-                        CHECK(ok, "saved at world %d zero %d, read at world %d zero %d: state differs", world, zero,
-                              w2, z2);
+                        CHECK(ok, "saved at world %d zero %d, read at world %d zero %d: state differs", world,
+                              zero, w2, z2);
                         config_free(&B);
                     }
                 unlink(path);
@@ -465,7 +526,8 @@ static void test_canonical(void) {
     (void)got;
     free(got);
     printf("canonical order: %d/%d configurations tile the parameters, %d/%d files equal the reference, "
-           "%d/%d cross-configuration reads exact\n", tiles_ok, files, files_ok, files, reads_ok, reads);
+           "%d/%d cross-configuration reads exact\n",
+           tiles_ok, files, files_ok, files, reads_ok, reads);
     free(ref);
     free(want);
     be->destroy(be);
@@ -487,8 +549,9 @@ static void write_done(const char* dir) {
     snprintf(dp, sizeof dp, "%s/DONE", dir);
     ckpt_crc32_file(mp, &mc, &mb, err, sizeof err);
     ckpt_crc32_file(sp, &sc, &sb, err, sizeof err);
-    int n = snprintf(text, sizeof text, "gpt2-checkpoint v1\nstep 17\nmodel.bin %lld crc32 %08x\nstate.bin %lld crc32 %08x\n",
-                     mb, mc, sb, sc);
+    int n = snprintf(text, sizeof text,
+                     "gpt2-checkpoint v1\nstep 17\nmodel.bin %lld crc32 %08x\nstate.bin %lld crc32 %08x\n", mb,
+                     mc, sb, sc);
     write_file(dp, text, (size_t)n);
 }
 
@@ -511,7 +574,8 @@ static void make_ckpt(const char* dir, const GPT2Config* cfg, size_t P) {
     write_done(dir);
 }
 
-static int verify_fails(const char* dir, const GPT2Config* cfg, size_t P, const char* pattern, const char* what) {
+static int verify_fails(const char* dir, const GPT2Config* cfg, size_t P, const char* pattern,
+                        const char* what) {
     CkptHeader h;
     char err[1024] = "";
     int rc = ckpt_verify(dir, cfg, P, &h, err, sizeof err);

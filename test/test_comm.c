@@ -98,10 +98,10 @@ typedef struct {
     Comm* c;
     Backend* be;
     int R, W;
-    int dev;          /* buffers live on the GPU */
-    const int* vr;    /* the value rank of each rank of c (its global rank), NULL: the rank itself */
+    int dev;           /* buffers live on the GPU */
+    const int* vr;     /* the value rank of each rank of c (its global rank), NULL: the rank itself */
     const char* label; /* "world", or which group */
-    int quiet;        /* no per-test lines (groups) */
+    int quiet;         /* no per-test lines (groups) */
 } T;
 
 /* The rank whose values rank r of t's communicator contributes: its global
@@ -190,9 +190,10 @@ static void down(T* t, void* host, void* d, size_t bytes) {
 }
 
 static void check_diff(T* t, const char* what, Diff d, size_t n) {
-    if (t->R == 0 && !t->quiet) printf("  %-34s n=%-7zu mismatches %zu, max |err| %g\n", what, n, d.bad, d.maxerr);
-    CHECK(d.bad == 0, "%s rank %d: %s: %zu of %zu wrong (first at %zu), max |err| %g", t->label, t->R, what, d.bad,
-          n, d.first, d.maxerr);
+    if (t->R == 0 && !t->quiet)
+        printf("  %-34s n=%-7zu mismatches %zu, max |err| %g\n", what, n, d.bad, d.maxerr);
+    CHECK(d.bad == 0, "%s rank %d: %s: %zu of %zu wrong (first at %zu), max |err| %g", t->label, t->R, what,
+          d.bad, n, d.first, d.maxerr);
 }
 
 static void test_allreduce_f32(T* t, int average) {
@@ -356,8 +357,7 @@ static void test_in_flight(T* t, int round, size_t* comm_bytes_in_flight) {
         diff_add(&d, na + i, b[i], avg_of(fsum(t, i + 5), t->W));
     for (size_t i = 0; i < nc; i++) diff_add(&d, na + nb + i, bf16_to_f32(cc[i]), agbval(t, i, sc));
     for (size_t i = 0; i < nd; i++)
-        diff_add(&d, na + nb + nc + i, bf16_to_f32(dd[i]),
-                 bf16_to_f32(f32_to_bf16(avg_of(bsum(t, i), t->W))));
+        diff_add(&d, na + nb + nc + i, bf16_to_f32(dd[i]), bf16_to_f32(f32_to_bf16(avg_of(bsum(t, i), t->W))));
     char what[64];
     snprintf(what, sizeof what, "4 in flight, out of order (#%d)", round);
     check_diff(t, what, d, na + sb + nc + nd);
@@ -478,10 +478,10 @@ static void run_collectives(T* t) {
     if (t->c->kind == COMM_MPI && !t->dev) {
         /* the reduce-scatter's receive buffer and the bf16 fp32 staging */
         size_t need = 257 * sizeof(float) + 2050 * sizeof(float);
-        CHECK(inflight1 - base >= need, "%s rank %d: %zu MEM_COMM bytes with 4 in flight, want >= %zu", t->label,
-              t->R, inflight1 - base, need);
-        CHECK(pool_after2 == pool_after1, "%s rank %d: scratch pool grew from %zu to %zu bytes on reuse", t->label,
-              t->R, pool_after1 - base, pool_after2 - base);
+        CHECK(inflight1 - base >= need, "%s rank %d: %zu MEM_COMM bytes with 4 in flight, want >= %zu",
+              t->label, t->R, inflight1 - base, need);
+        CHECK(pool_after2 == pool_after1, "%s rank %d: scratch pool grew from %zu to %zu bytes on reuse",
+              t->label, t->R, pool_after1 - base, pool_after2 - base);
     } else {
         /* single and nccl use no scratch; pinned staging is not in be->mem */
         CHECK(inflight1 == base, "%s rank %d: %s backend counted %zu scratch bytes", t->label, t->R,
@@ -553,8 +553,8 @@ static void test_p2p_ring(T* t) {
         active += h[j].active;
         comm_progress(t->c, &h[j]);
     }
-    CHECK(active == 4 * RING_M, "%s rank %d: %d of %d transfer handles active after posting", t->label, R, active,
-          4 * RING_M);
+    CHECK(active == 4 * RING_M, "%s rank %d: %d of %d transfer handles active after posting", t->label, R,
+          active, 4 * RING_M);
     for (int j = 4 * RING_M - 1; j >= 0; j--) comm_wait(t->c, &h[j]);
     comm_wait(t->c, &h[0]); /* waiting twice is a no-op */
     Diff d = {0, 0, 0};
@@ -718,10 +718,22 @@ enum { SPLIT_BLOCKS, SPLIT_STRIDE_REVERSED, SPLIT_DP, SPLIT_PIPELINE, SPLIT_EMBE
 static void split_rule(int rule, int k, int r, int W, int* color, int* key) {
     int DP = W % 2 == 0 ? 2 : 1, P = W / DP, p = r / DP, d = r % DP;
     switch (rule) {
-    case SPLIT_BLOCKS: *color = r / k; *key = r; break;
-    case SPLIT_STRIDE_REVERSED: *color = r % k; *key = -r; break;
-    case SPLIT_DP: *color = p; *key = d; break;
-    case SPLIT_PIPELINE: *color = d; *key = p; break;
+    case SPLIT_BLOCKS:
+        *color = r / k;
+        *key = r;
+        break;
+    case SPLIT_STRIDE_REVERSED:
+        *color = r % k;
+        *key = -r;
+        break;
+    case SPLIT_DP:
+        *color = p;
+        *key = d;
+        break;
+    case SPLIT_PIPELINE:
+        *color = d;
+        *key = p;
+        break;
     default:
         *color = p == 0 || p == P - 1 ? d : COMM_COLOR_NONE;
         *key = p;
@@ -765,11 +777,13 @@ static int split_and_check(T* t, const int* color, const int* key, Comm* sub, T*
     int nglobal = 0;
     for (int r = 0; r < t->W; r++)
         if (VR(t, r) + 1 > nglobal) nglobal = VR(t, r) + 1;
-    CHECK(got == n && sub->world == n && sub->rank == me, "%s: rank %d of the parent: comm_split gave rank %d of %d "
-          "(returned %d), want rank %d of %d", label, t->R, sub->rank, sub->world, got, me, n);
+    CHECK(got == n && sub->world == n && sub->rank == me,
+          "%s: rank %d of the parent: comm_split gave rank %d of %d "
+          "(returned %d), want rank %d of %d",
+          label, t->R, sub->rank, sub->world, got, me, n);
     CommKind want = n == 1 ? COMM_SINGLE : t->c->kind;
     CHECK(sub->kind == want && sub->timeout_s == t->c->timeout_s && sub->local_rank == t->c->local_rank &&
-          sub->local_world == t->c->local_world && sub->be == t->c->be,
+              sub->local_world == t->c->local_world && sub->be == t->c->be,
           "%s: rank %d of the parent: kind %s (want %s), timeout %g, local %d of %d", label, t->R,
           comm_kind_name(sub->kind), comm_kind_name(want), sub->timeout_s, sub->local_rank, sub->local_world);
     if (sub->world != n || sub->rank != me) return 0;
@@ -783,7 +797,8 @@ static int split_and_check(T* t, const int* color, const int* key, Comm* sub, T*
             if (members[i] == v) want_v = i + 1;
         bad += row[v] != want_v;
     }
-    CHECK(bad == 0, "%s: rank %d of the parent: the group's members or their order differ from the colors and keys",
+    CHECK(bad == 0,
+          "%s: rank %d of the parent: the group's members or their order differ from the colors and keys",
           label, t->R);
     free(row);
     memset(g, 0, sizeof *g);
@@ -881,7 +896,8 @@ static int run_fault(T* t, const char* fault, int fault_rank) {
     comm_allreduce(t->c, dbuf, 1, DTYPE_FP32, 0, &h);
     comm_wait(t->c, &h);
     down(t, &x, dbuf, sizeof x);
-    if (t->R == 0) printf("fault %s on rank %d: first collective gave %g (want %d)\n", fault, fault_rank, x, t->W);
+    if (t->R == 0)
+        printf("fault %s on rank %d: first collective gave %g (want %d)\n", fault, fault_rank, x, t->W);
     if (strcmp(fault, "nosend") == 0) {
         if (t->W < 2) fatal("--fault nosend needs 2 or more ranks");
         comm_p2p_setup(t->c);
@@ -1014,8 +1030,10 @@ static int run_case(T* t, const char* tcase) {
         printf("rank %d: a transfer of mismatched counts was accepted\n", t->R);
         return 2;
     }
-    fatal("--case: unknown value '%s' (expected bad_count, p2p_world1, p2p_nosetup, p2p_notneighbour, p2p_order "
-          "or p2p_count)", tcase);
+    fatal(
+        "--case: unknown value '%s' (expected bad_count, p2p_world1, p2p_nosetup, p2p_notneighbour, p2p_order "
+        "or p2p_count)",
+        tcase);
 }
 
 int main(int argc, char** argv) {
@@ -1033,7 +1051,8 @@ int main(int argc, char** argv) {
         else if (strcmp(argv[i], "--device") == 0) device = argv[++i];
         else if (strcmp(argv[i], "--timeout") == 0) timeout = parse_float_flag("--timeout", argv[++i]);
         else if (strcmp(argv[i], "--fault") == 0) fault = argv[++i];
-        else if (strcmp(argv[i], "--fault_rank") == 0) fault_rank = (int)parse_int_flag("--fault_rank", argv[++i]);
+        else if (strcmp(argv[i], "--fault_rank") == 0)
+            fault_rank = (int)parse_int_flag("--fault_rank", argv[++i]);
         else if (strcmp(argv[i], "--case") == 0) tcase = argv[++i];
         else fatal("test_comm: unknown flag %s", argv[i]);
     }

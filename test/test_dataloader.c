@@ -26,8 +26,10 @@ static char g_dir[64];
 
 /* ---- file writers ---- */
 static void put_le32(unsigned char* p, uint32_t v) {
-    p[0] = (unsigned char)v; p[1] = (unsigned char)(v >> 8);
-    p[2] = (unsigned char)(v >> 16); p[3] = (unsigned char)(v >> 24);
+    p[0] = (unsigned char)v;
+    p[1] = (unsigned char)(v >> 8);
+    p[2] = (unsigned char)(v >> 16);
+    p[3] = (unsigned char)(v >> 24);
 }
 
 /* Header (magic, version, header token count), then nwrite tokens. */
@@ -35,9 +37,14 @@ static void write_shard(const char* path, uint32_t magic, uint32_t version, uint
                         const uint16_t* tok, size_t nwrite) {
     unsigned char hdr[1024];
     memset(hdr, 0, sizeof hdr);
-    put_le32(hdr, magic); put_le32(hdr + 4, version); put_le32(hdr + 8, hdr_ntok);
+    put_le32(hdr, magic);
+    put_le32(hdr + 4, version);
+    put_le32(hdr + 8, hdr_ntok);
     FILE* f = fopen(path, "wb");
-    if (!f) { perror(path); exit(2); }
+    if (!f) {
+        perror(path);
+        exit(2);
+    }
     fwrite(hdr, 1, sizeof hdr, f);
     for (size_t i = 0; i < nwrite; i++) {
         unsigned char b[2] = {(unsigned char)tok[i], (unsigned char)(tok[i] >> 8)};
@@ -48,7 +55,10 @@ static void write_shard(const char* path, uint32_t magic, uint32_t version, uint
 
 static void write_bytes(const char* path, const void* p, size_t n) {
     FILE* f = fopen(path, "wb");
-    if (!f) { perror(path); exit(2); }
+    if (!f) {
+        perror(path);
+        exit(2);
+    }
     fwrite(p, 1, n, f);
     fclose(f);
 }
@@ -62,7 +72,10 @@ static const char* k_words[] = {"hello", " world", "\xC3\xA9t\xC3\xA9", " the", 
 static size_t build_tokenizer(unsigned char* buf, uint32_t magic, uint32_t version, uint32_t vocab,
                               uint32_t eot_field) {
     memset(buf, 0, 1024);
-    put_le32(buf, magic); put_le32(buf + 4, version); put_le32(buf + 8, vocab); put_le32(buf + 12, eot_field);
+    put_le32(buf, magic);
+    put_le32(buf + 4, version);
+    put_le32(buf + 8, vocab);
+    put_le32(buf + 12, eot_field);
     size_t off = 1024;
     for (uint32_t i = 0; i < vocab; i++) {
         if (i < 256) {
@@ -90,12 +103,15 @@ static void expect_fatal(const char* what, fatal_fn fn, const void* ctx, const c
     fflush(stdout);
     fflush(stderr);
     pid_t pid = fork();
-    if (pid < 0) { perror("fork"); exit(2); }
+    if (pid < 0) {
+        perror("fork");
+        exit(2);
+    }
     if (pid == 0) {
         FILE* e = freopen(errpath, "w", stderr);
         if (!e) _exit(3);
         fn(ctx);
-        _exit(0);   /* returning means the bad input was accepted */
+        _exit(0); /* returning means the bad input was accepted */
     }
     int st = 0;
     waitpid(pid, &st, 0);
@@ -115,7 +131,11 @@ static void expect_fatal(const char* what, fatal_fn fn, const void* ctx, const c
     CHECK(need2 == NULL || strstr(msg, need2) != NULL, "%s: message lacks '%s'", what, need2);
 }
 
-typedef struct { const char* pattern; size_t min_tokens; int vocab; } LoadCase;
+typedef struct {
+    const char* pattern;
+    size_t min_tokens;
+    int vocab;
+} LoadCase;
 static void run_load(const void* ctx) {
     const LoadCase* c = (const LoadCase*)ctx;
     DataLoader dl;
@@ -130,9 +150,9 @@ static void run_tok(const void* ctx) {
 
 /* ---- the reference: rows hand-indexed from the token arrays ---- */
 static uint16_t* g_tok[NSHARD];
-static const size_t k_ntok[NSHARD] = {50, 40, 77};   /* rows: 49/8=6, 39/8=4 (not 40/8=5), 76/8=9 */
+static const size_t k_ntok[NSHARD] = {50, 40, 77}; /* rows: 49/8=6, 39/8=4 (not 40/8=5), 76/8=9 */
 static size_t g_ref_nrows;
-static const uint16_t* g_ref_row[64];                /* first token of each reference row */
+static const uint16_t* g_ref_row[64]; /* first token of each reference row */
 
 static int row_equals(const int* in, const int* tg, const uint16_t* ref) {
     for (int t = 0; t < T_SEQ; t++)
@@ -154,10 +174,12 @@ static void ref_perm(uint64_t seed, uint64_t epoch, size_t n, size_t* perm) {
     for (size_t i = 0; i < n; i++) perm[i] = i;
     for (size_t i = n - 1; i >= 1; i--) {
         uint64_t m = (uint64_t)i + 1, x;
-        uint64_t reject_below = (UINT64_MAX % m + 1) % m;   /* 2^64 mod m */
+        uint64_t reject_below = (UINT64_MAX % m + 1) % m; /* 2^64 mod m */
         do { x = rng_u64(&r); } while (x < reject_below);
         size_t j = (size_t)(x % m);
-        size_t tmp = perm[i]; perm[i] = perm[j]; perm[j] = tmp;
+        size_t tmp = perm[i];
+        perm[i] = perm[j];
+        perm[j] = tmp;
     }
 }
 
@@ -178,7 +200,7 @@ static void test_dataloader(void) {
         g_tok[s] = (uint16_t*)malloc(k_ntok[s] * sizeof(uint16_t));
         for (size_t i = 0; i < k_ntok[s]; i++) g_tok[s][i] = (uint16_t)(rng_u64(&rng) % VOCAB);
     }
-    g_tok[1][5] = VOCAB - 1;   /* the largest legal id */
+    g_tok[1][5] = VOCAB - 1; /* the largest legal id */
     for (int k = 0; k < NSHARD; k++) {
         int s = write_order[k];
         snprintf(path, sizeof path, "%s/train_%03d.bin", g_dir, s);
@@ -197,7 +219,8 @@ static void test_dataloader(void) {
     CHECK(dl.nrows == 19 && g_ref_nrows == 19, "nrows %zu, reference %zu", dl.nrows, g_ref_nrows);
     for (int s = 0; s < dl.nshards && s < NSHARD; s++) {
         snprintf(path, sizeof path, "%s/train_%03d.bin", g_dir, s);
-        CHECK(strcmp(dl.paths[s], path) == 0, "shard %d is %s, expected %s (sorted order)", s, dl.paths[s], path);
+        CHECK(strcmp(dl.paths[s], path) == 0, "shard %d is %s, expected %s (sorted order)", s, dl.paths[s],
+              path);
         CHECK(dl.ntok[s] == k_ntok[s], "shard %d ntok %zu", s, dl.ntok[s]);
     }
 
@@ -302,7 +325,10 @@ static void test_dataloader(void) {
     for (int r = 0; r < 19; r++) chi2 += (hist[r] - expct) * (hist[r] - expct) / expct;
     printf("position-0 row over 3000 epochs: chi2 = %.1f (18 dof; 42.3 is p=0.001)\n", chi2);
     CHECK(chi2 < 42.3, "shuffle looks biased: chi2 %.1f", chi2);
-    dataloader_free(&a); dataloader_free(&a2); dataloader_free(&b); dataloader_free(&b2);
+    dataloader_free(&a);
+    dataloader_free(&a2);
+    dataloader_free(&b);
+    dataloader_free(&b2);
 
     /* Single plain path (no wildcard) works too. */
     snprintf(path, sizeof path, "%s/train_001.bin", g_dir);
@@ -400,9 +426,9 @@ static void test_tokenizer(void) {
     CHECK(tokenizer_decode(&t, UINT32_MAX) == NULL, "decode(UINT32_MAX) is not NULL");
 
     /* print: "hello world" + é split over two byte-tokens + "été" + controls + junk. */
-    const int ids[] = {256, 257, ' ', 0xC3, 0xA9, 258, '\n', 0x01, '\t', 0xFF, '\r', 0xC3, 'A',
-                       0xE2, 0x82, 0xAC, 0xED, 0xA0, 0x80, 0xE0, 0x80, 0xAF, 0xC0, 0xAF,
-                       0xF0, 0x9F, 0x98, 0x80, 0xF4, 0x90, 0x80, 0x80, 0x7F, 9999, 260, 0xC3};
+    const int ids[] = {256,  257,  ' ',  0xC3, 0xA9, 258,  '\n', 0x01, '\t', 0xFF, '\r', 0xC3,
+                       'A',  0xE2, 0x82, 0xAC, 0xED, 0xA0, 0x80, 0xE0, 0x80, 0xAF, 0xC0, 0xAF,
+                       0xF0, 0x9F, 0x98, 0x80, 0xF4, 0x90, 0x80, 0x80, 0x7F, 9999, 260,  0xC3};
     const char* want = "hello world \xC3\xA9\xC3\xA9t\xC3\xA9\n\\x01\t\\xff\\x0d\\xc3A\xE2\x82\xAC"
                        "\\xed\\xa0\\x80\\xe0\\x80\\xaf\\xc0\\xaf"
                        "\xF0\x9F\x98\x80\\xf4\\x90\\x80\\x80\\x7f<|bad id 9999|><|endoftext|>\\xc3";
@@ -448,11 +474,11 @@ static void test_tokenizer(void) {
 
     n = build_tokenizer(buf, 20240328, 2, TOK_VOCAB, TOK_VOCAB - 1);
     snprintf(p[3], sizeof p[3], "%s/tok_trunc.bin", g_dir);
-    write_bytes(p[3], buf, n - 4);   /* cut inside the last token */
+    write_bytes(p[3], buf, n - 4); /* cut inside the last token */
     expect_fatal("tokenizer truncated (mid token)", run_tok, p[3], p[3], "truncated");
 
     snprintf(p[4], sizeof p[4], "%s/tok_trunc2.bin", g_dir);
-    write_bytes(p[4], buf, 1024 + 2 * 100);   /* ends after 100 of 261 tokens */
+    write_bytes(p[4], buf, 1024 + 2 * 100); /* ends after 100 of 261 tokens */
     expect_fatal("tokenizer truncated (token count)", run_tok, p[4], p[4], "truncated");
 
     snprintf(p[5], sizeof p[5], "%s/tok_header.bin", g_dir);
@@ -460,7 +486,7 @@ static void test_tokenizer(void) {
     expect_fatal("tokenizer truncated (header)", run_tok, p[5], p[5], "truncated");
 
     n = build_tokenizer(buf, 20240328, 2, TOK_VOCAB, TOK_VOCAB - 1);
-    buf[1024 + 2 * 42] = 0;   /* token 42 gets length 0 */
+    buf[1024 + 2 * 42] = 0; /* token 42 gets length 0 */
     snprintf(p[6], sizeof p[6], "%s/tok_zero.bin", g_dir);
     write_bytes(p[6], buf, n);
     expect_fatal("tokenizer zero-length token", run_tok, p[6], p[6], "token 42");
@@ -473,7 +499,10 @@ static void test_tokenizer(void) {
 
 int main(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/test_dataloader_XXXXXX");
-    if (!mkdtemp(g_dir)) { perror("mkdtemp"); return 2; }
+    if (!mkdtemp(g_dir)) {
+        perror("mkdtemp");
+        return 2;
+    }
     test_dataloader();
     test_dataloader_errors();
     test_tokenizer();

@@ -17,7 +17,11 @@
 #include "../ddp/layout.h"
 #include "../zero/optimizer.h"
 
-static float as_float(int32_t v) { float f; memcpy(&f, &v, 4); return f; }
+static float as_float(int32_t v) {
+    float f;
+    memcpy(&f, &v, 4);
+    return f;
+}
 
 static double rel_err(const float* a, const float* ref, size_t n) {
     double d = 0, r = 0;
@@ -38,13 +42,17 @@ int main(int argc, char** argv) {
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) device = argv[++i];
         else if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc) dtype = argv[++i];
-        else if (pos == 0) { model_path = argv[i]; pos++; }
-        else if (pos == 1) { fix_path = argv[i]; pos++; }
+        else if (pos == 0) {
+            model_path = argv[i];
+            pos++;
+        } else if (pos == 1) {
+            fix_path = argv[i];
+            pos++;
+        }
     }
     int bf16 = strcmp(dtype, "bf16") == 0;
-    Backend* be = strcmp(device, "cuda") == 0
-                      ? backend_cuda_create(bf16 ? DTYPE_BF16 : DTYPE_FP32, 0, 0)
-                      : backend_cpu_create();
+    Backend* be = strcmp(device, "cuda") == 0 ? backend_cuda_create(bf16 ? DTYPE_BF16 : DTYPE_FP32, 0, 0)
+                                              : backend_cpu_create();
 
     FILE* f = xfopen(fix_path, "rb");
     int32_t h[256];
@@ -74,8 +82,8 @@ int main(int argc, char** argv) {
     xfread(lrs_ref, 4, (size_t)steps, f, fix_path);
     xfread(norms_ref, 4, (size_t)steps, f, fix_path);
     fclose(f);
-    printf("fixture: B %d T %d steps %d positions %d, lr %g clip %g wd %g warmup %d total %d\n", B, T,
-           steps, P, lr, clip, wd, warmup, total);
+    printf("fixture: B %d T %d steps %d positions %d, lr %g clip %g wd %g warmup %d total %d\n", B, T, steps, P,
+           lr, clip, wd, warmup, total);
 
     GPT2Config cfg;
     int version;
@@ -118,7 +126,10 @@ int main(int argc, char** argv) {
     for (int t = 0; t < m.ntensors; t++) {
         const GPT2Tensor* tt = &m.tensors[t];
         double e = rel_err(g + tt->file_off, grads_ref + tt->file_off, tt->numel);
-        if (e > worst_grad) { worst_grad = e; worst_name = tt->name; }
+        if (e > worst_grad) {
+            worst_grad = e;
+            worst_name = tt->name;
+        }
         if (!bf16) CHECK(e <= 1e-4, "gradient %s relative error %.3e > 1e-4", tt->name, e);
     }
     printf("gradients: worst tensor %s relative error %.3e (%d tensors)\n", worst_name, worst_grad, m.ntensors);
@@ -130,7 +141,8 @@ int main(int argc, char** argv) {
     int nnorm;
     OptPiece* norm_pieces = layout_opt_pieces(&L, 0, &nnorm);
     Optimizer opt;
-    optimizer_init(&opt, be, &(OptBuffer){.params = m.params, .grads = m.grads, .pieces = pieces, .npieces = npieces}, 1);
+    optimizer_init(&opt, be,
+                   &(OptBuffer){.params = m.params, .grads = m.grads, .pieces = pieces, .npieces = npieces}, 1);
     double worst_step = 0;
     for (int s = 0; s < steps; s++) {
         float l = gpt2_forward(&m, inputs, targets, B, T, 1.0f / (float)(B * T));
@@ -157,7 +169,15 @@ int main(int argc, char** argv) {
     layout_free(&L);
     free(specs);
     be->destroy(be);
-    free(inputs); free(targets); free(positions); free(logits); free(grads_ref);
-    free(losses_ref); free(lrs_ref); free(norms_ref); free(row); free(g);
+    free(inputs);
+    free(targets);
+    free(positions);
+    free(logits);
+    free(grads_ref);
+    free(losses_ref);
+    free(lrs_ref);
+    free(norms_ref);
+    free(row);
+    free(g);
     return test_done(bf16 ? "test_fixture(bf16)" : "test_fixture");
 }

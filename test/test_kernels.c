@@ -26,11 +26,11 @@
 #define TOL_FD 1e-4
 #define FD_H 1e-4
 
-#define GELU_K 0.7978845608028654   /* sqrt(2/pi) */
+#define GELU_K 0.7978845608028654 /* sqrt(2/pi) */
 
 typedef struct {
     Backend* be;
-    uint64_t seed;   /* next case seed */
+    uint64_t seed; /* next case seed */
 } Ctx;
 
 static void case_rng(Ctx* cx, Rng* r) { rng_seed(r, 0x5eed0000ull + 7919ull * cx->seed++); }
@@ -86,8 +86,8 @@ static void check_determinism(Backend* be, const char* what, RunFn fn, void* st,
         omp_set_num_threads(th[k]);
         fill_nan(b, nout);
         fn(be, st, b);
-        CHECK(memcmp(a, b, sizeof(float) * nout) == 0, "%s: results differ in bits with %d threads",
-              what, th[k]);
+        CHECK(memcmp(a, b, sizeof(float) * nout) == 0, "%s: results differ in bits with %d threads", what,
+              th[k]);
     }
     omp_set_num_threads(saved);
     free(a);
@@ -111,9 +111,7 @@ static void fd_grad(LossFn loss, void* st, double* x, size_t n, double* g) {
 
 /* ------------------------------------------------------ double references */
 
-static double ref_gelu(double x) {
-    return 0.5 * x * (1.0 + tanh(GELU_K * (x + 0.044715 * x * x * x)));
-}
+static double ref_gelu(double x) { return 0.5 * x * (1.0 + tanh(GELU_K * (x + 0.044715 * x * x * x))); }
 static double ref_gelu_grad(double x) {
     double u = GELU_K * (x + 0.044715 * x * x * x);
     double th = tanh(u);
@@ -121,13 +119,12 @@ static double ref_gelu_grad(double x) {
     return 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * du;
 }
 
-static void ref_encoder(double* out, const int* inp, const double* wte, const double* wpe, int B,
-                        int T, int C) {
+static void ref_encoder(double* out, const int* inp, const double* wte, const double* wpe, int B, int T,
+                        int C) {
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++)
             for (int c = 0; c < C; c++)
-                out[((size_t)b * T + t) * C + c] =
-                    wte[(size_t)inp[b * T + t] * C + c] + wpe[(size_t)t * C + c];
+                out[((size_t)b * T + t) * C + c] = wte[(size_t)inp[b * T + t] * C + c] + wpe[(size_t)t * C + c];
 }
 
 static void ref_layernorm(double* out, double* mean, double* rstd, const double* x, const double* w,
@@ -147,8 +144,8 @@ static void ref_layernorm(double* out, double* mean, double* rstd, const double*
 }
 
 /* gradients of sum(dout * layernorm(x)) (overwrite) */
-static void ref_layernorm_backward(double* dx, double* dw, double* db, const double* dout,
-                                   const double* x, const double* w, int N, int C) {
+static void ref_layernorm_backward(double* dx, double* dw, double* db, const double* dout, const double* x,
+                                   const double* w, int N, int C) {
     for (int c = 0; c < C; c++) dw[c] = db[c] = 0.0;
     for (int n = 0; n < N; n++) {
         const double* xr = x + (size_t)n * C;
@@ -177,8 +174,8 @@ static void ref_layernorm_backward(double* dx, double* dw, double* db, const dou
 }
 
 /* pre = inp @ w^T + bias; out = gelu(pre) if gelu else pre */
-static void ref_matmul(double* out, double* pre, const double* inp, const double* w,
-                       const double* bias, int N, int C, int OC, int gelu) {
+static void ref_matmul(double* out, double* pre, const double* inp, const double* w, const double* bias, int N,
+                       int C, int OC, int gelu) {
     for (int n = 0; n < N; n++)
         for (int o = 0; o < OC; o++) {
             double s = bias ? bias[o] : 0.0;
@@ -189,9 +186,8 @@ static void ref_matmul(double* out, double* pre, const double* inp, const double
 }
 
 /* dinp = (dout @ w) [* gelu'(pre_gelu)], dw = dout^T inp, db = colsum (overwrite) */
-static void ref_matmul_backward(double* dinp, double* dw, double* db, const double* dout,
-                                const double* inp, const double* w, const double* pre_gelu, int N,
-                                int C, int OC) {
+static void ref_matmul_backward(double* dinp, double* dw, double* db, const double* dout, const double* inp,
+                                const double* w, const double* pre_gelu, int N, int C, int OC) {
     for (int n = 0; n < N; n++)
         for (int c = 0; c < C; c++) {
             double s = 0.0;
@@ -243,8 +239,8 @@ static void ref_attention(double* out, double* lse, const double* qkv, int B, in
 }
 
 /* naive backward through the full probability matrix (overwrite dqkv) */
-static void ref_attention_backward(double* dqkv, const double* dout, const double* qkv, int B,
-                                   int T, int C, int NH) {
+static void ref_attention_backward(double* dqkv, const double* dout, const double* qkv, int B, int T, int C,
+                                   int NH) {
     const int hs = C / NH;
     const double scale = 1.0 / sqrt((double)hs);
     const size_t C3 = (size_t)3 * C;
@@ -259,8 +255,7 @@ static void ref_attention_backward(double* dqkv, const double* dout, const doubl
                 double mx = -INFINITY;
                 for (int s = 0; s <= t; s++) {
                     double d = 0.0;
-                    for (int i = 0; i < hs; i++)
-                        d += base[t * C3 + h * hs + i] * base[s * C3 + C + h * hs + i];
+                    for (int i = 0; i < hs; i++) d += base[t * C3 + h * hs + i] * base[s * C3 + C + h * hs + i];
                     P[t * T + s] = d * scale;
                     if (P[t * T + s] > mx) mx = P[t * T + s];
                 }
@@ -290,8 +285,8 @@ static void ref_attention_backward(double* dqkv, const double* dout, const doubl
 }
 
 /* losses and, when dlogits != NULL, (softmax - onehot) * dloss (pad = 0) */
-static void ref_classifier(double* losses, double* dlogits, const double* logits,
-                           const int* targets, double dloss, int N, int V, int Vp) {
+static void ref_classifier(double* losses, double* dlogits, const double* logits, const int* targets,
+                           double dloss, int N, int V, int Vp) {
     for (int n = 0; n < N; n++) {
         const double* x = logits + (size_t)n * Vp;
         double mx = -INFINITY;
@@ -315,16 +310,16 @@ static void test_memory(Ctx* cx) {
     Backend* be = cx->be;
     CHECK(strcmp(be->name, "cpu") == 0, "backend name is '%s'", be->name);
     CHECK(be->dtype == DTYPE_FP32, "cpu dtype is not fp32");
-    CHECK(be->alloc && be->release && be->zero && be->to_device && be->to_host && be->copy &&
-              be->synchronize && be->peak_reserved && be->reset_peak && be->destroy,
+    CHECK(be->alloc && be->release && be->zero && be->to_device && be->to_host && be->copy && be->synchronize &&
+              be->peak_reserved && be->reset_peak && be->destroy,
           "a memory function pointer is NULL");
     CHECK(be->x_to_f32 && be->f32_to_x, "a conversion function pointer is NULL");
     CHECK(be->encoder_forward && be->layernorm_forward && be->residual_layernorm_forward &&
-              be->residual_forward && be->matmul_forward && be->attention_forward &&
-              be->gelu_forward && be->fused_classifier,
+              be->residual_forward && be->matmul_forward && be->attention_forward && be->gelu_forward &&
+              be->fused_classifier,
           "a forward function pointer is NULL");
-    CHECK(be->encoder_backward && be->layernorm_backward && be->matmul_backward &&
-              be->attention_backward && be->gelu_backward,
+    CHECK(be->encoder_backward && be->layernorm_backward && be->matmul_backward && be->attention_backward &&
+              be->gelu_backward,
           "a backward function pointer is NULL");
     CHECK(be->grad_sumsq && be->adamw, "an optimizer function pointer is NULL");
     CHECK(be->matmul_backward_weight && be->encoder_backward_range, "an entry added for ZeRO-2 is NULL");
@@ -334,8 +329,7 @@ static void test_memory(Ctx* cx) {
     float* p = be->alloc(be, 1000, MEM_PARAMS);
     float* g = be->alloc(be, 5000 * sizeof(float), MEM_GRADS);
     CHECK(((uintptr_t)p % 64) == 0 && ((uintptr_t)g % 64) == 0, "alloc is not 64-byte aligned");
-    CHECK(be->mem.current[MEM_PARAMS] == 1000, "tracker params %zu, want 1000",
-          be->mem.current[MEM_PARAMS]);
+    CHECK(be->mem.current[MEM_PARAMS] == 1000, "tracker params %zu, want 1000", be->mem.current[MEM_PARAMS]);
     CHECK(be->mem.current[MEM_GRADS] == 20000, "tracker grads %zu", be->mem.current[MEM_GRADS]);
     CHECK(be->mem.total_current == t0 + 21000, "tracker total %zu", be->mem.total_current);
     CHECK(be->mem.peak >= t0 + 21000, "tracker peak %zu", be->mem.peak);
@@ -373,8 +367,7 @@ static void test_memory(Ctx* cx) {
     be->release(be, g, 5000 * sizeof(float), MEM_GRADS);
     CHECK(be->mem.total_current == t0, "tracker total after releases %zu", be->mem.total_current);
     CHECK(be->peak_reserved(be) > 0, "peak_reserved is 0");
-    printf("memory: aligned alloc, tracker, copies, peak_reserved %.1f MB\n",
-           be->peak_reserved(be) / 1e6);
+    printf("memory: aligned alloc, tracker, copies, peak_reserved %.1f MB\n", be->peak_reserved(be) / 1e6);
     free(host);
     free(back);
 }
@@ -457,7 +450,8 @@ static void test_encoder_case(Ctx* cx, int B, int T, int C, int V, int fd) {
     double e_te = rel_err(o + no, rte, nte), e_pe = rel_err(o + no + nte, rpe, npe);
     int untouched = 1;
     for (int v = 0; v < V; v++)
-        if (!used[v]) untouched &= memcmp(o + no + (size_t)v * C, s.dwte0 + (size_t)v * C, sizeof(float) * C) == 0;
+        if (!used[v])
+            untouched &= memcmp(o + no + (size_t)v * C, s.dwte0 + (size_t)v * C, sizeof(float) * C) == 0;
     untouched &= memcmp(o + no + nte + (size_t)T * C, s.dwpe0 + (size_t)T * C, sizeof(float) * 3 * C) == 0;
     printf("encoder B=%d T=%d C=%d V=%d: fwd %.2e dwte %.2e dwpe %.2e\n", B, T, C, V, e_out, e_te, e_pe);
     CHECK(e_out <= TOL_FWD, "encoder_forward error %.3e", e_out);
@@ -480,10 +474,26 @@ static void test_encoder_case(Ctx* cx, int B, int T, int C, int V, int fd) {
         double f1 = rel_err(gte, fte, nte), f2 = rel_err(gpe, fpe, npe);
         printf("encoder finite differences: dwte %.2e dwpe %.2e\n", f1, f2);
         CHECK(f1 <= TOL_FD && f2 <= TOL_FD, "encoder finite differences %.3e %.3e", f1, f2);
-        free(gte); free(gpe); free(L.G); free(L.out); free(fte); free(fpe);
+        free(gte);
+        free(gpe);
+        free(L.G);
+        free(L.out);
+        free(fte);
+        free(fpe);
     }
-    free(s.inp); free(s.wte); free(s.wpe); free(s.dout); free(s.dwte0); free(s.dwpe0);
-    free(o); free(wte); free(wpe); free(ref); free(rte); free(rpe); free(used);
+    free(s.inp);
+    free(s.wte);
+    free(s.wpe);
+    free(s.dout);
+    free(s.dwte0);
+    free(s.dwpe0);
+    free(o);
+    free(wte);
+    free(wpe);
+    free(ref);
+    free(rte);
+    free(rpe);
+    free(used);
 }
 
 /* encoder_backward_range (ZeRO-2's wte chunks, issue 8): dwte points at row
@@ -499,7 +509,8 @@ static void test_encoder_range_case(Ctx* cx, int B, int T, int C, int V) {
     const int BT = B * T, maxT = T + 2;
     const size_t no = (size_t)BT * C, nte = (size_t)V * C, npe = (size_t)maxT * C;
     int* inp = xmalloc(sizeof(int) * BT);
-    for (int i = 0; i < BT; i++) inp[i] = (int)(rng_u64(&r) % 4 == 0 ? rng_u64(&r) % 3 : rng_u64(&r) % (uint64_t)V);
+    for (int i = 0; i < BT; i++)
+        inp[i] = (int)(rng_u64(&r) % 4 == 0 ? rng_u64(&r) % 3 : rng_u64(&r) % (uint64_t)V);
     float* dout = falloc(no);
     float* te0 = falloc(nte);
     float* pe0 = falloc(npe);
@@ -521,7 +532,7 @@ static void test_encoder_range_case(Ctx* cx, int B, int T, int C, int V) {
     int pe_same = memcmp(pe_t, pe_all, sizeof(float) * npe) == 0;
     int cuts[5] = {0, 1, V / 3 + 1, V - V / 4, V};
     int guard_ok = 1;
-    const int G = 2;   /* guard rows either side */
+    const int G = 2; /* guard rows either side */
     for (int k = 0; k < 4; k++) {
         int v0 = cuts[k], v1 = cuts[k + 1];
         if (v1 <= v0) continue;
@@ -530,7 +541,8 @@ static void test_encoder_range_case(Ctx* cx, int B, int T, int C, int V) {
         for (size_t i = 0; i < (size_t)G * C; i++) buf[i] = buf[(size_t)G * C + nr + i] = -777.0f;
         memcpy(buf + (size_t)G * C, te_t + (size_t)v0 * C, sizeof(float) * nr);
         be->encoder_backward_range(be, buf + (size_t)G * C, NULL, dout, inp, B, T, C, v0, v1);
-        for (size_t i = 0; i < (size_t)G * C; i++) guard_ok &= buf[i] == -777.0f && buf[(size_t)G * C + nr + i] == -777.0f;
+        for (size_t i = 0; i < (size_t)G * C; i++)
+            guard_ok &= buf[i] == -777.0f && buf[(size_t)G * C + nr + i] == -777.0f;
         memcpy(te_t + (size_t)v0 * C, buf + (size_t)G * C, sizeof(float) * nr);
         free(buf);
     }
@@ -545,16 +557,26 @@ static void test_encoder_range_case(Ctx* cx, int B, int T, int C, int V) {
         if (inp[bt] >= v0 && inp[bt] < v1)
             for (int c = 0; c < C; c++) ref[(size_t)inp[bt] * C + c] += dout[(size_t)bt * C + c];
     double e = rel_err(te_r, ref, nte);
-    int outside_same = memcmp(te_r, te0, sizeof(float) * (size_t)v0 * C) == 0 &&
-                       memcmp(te_r + (size_t)v1 * C, te0 + (size_t)v1 * C, sizeof(float) * (size_t)(V - v1) * C) == 0;
-    printf("encoder_backward_range B=%d T=%d C=%d V=%d: rows [%d,%d) %.2e | 4 ranges + dwpe-only = encoder_backward %s\n",
-           B, T, C, V, v0, v1, e, te_same && pe_same ? "yes" : "NO");
-    CHECK(e <= TOL_BWD && outside_same, "encoder_backward_range rows [%d,%d): error %.3e, rows outside %s", v0, v1, e,
-          outside_same ? "untouched" : "WRITTEN");
+    int outside_same =
+        memcmp(te_r, te0, sizeof(float) * (size_t)v0 * C) == 0 &&
+        memcmp(te_r + (size_t)v1 * C, te0 + (size_t)v1 * C, sizeof(float) * (size_t)(V - v1) * C) == 0;
+    printf(
+        "encoder_backward_range B=%d T=%d C=%d V=%d: rows [%d,%d) %.2e | 4 ranges + dwpe-only = encoder_backward %s\n",
+        B, T, C, V, v0, v1, e, te_same && pe_same ? "yes" : "NO");
+    CHECK(e <= TOL_BWD && outside_same, "encoder_backward_range rows [%d,%d): error %.3e, rows outside %s", v0,
+          v1, e, outside_same ? "untouched" : "WRITTEN");
     CHECK(guard_ok, "encoder_backward_range wrote outside its rows");
     CHECK(te_same, "encoder_backward_range over ranges tiling [0, V): dwte differs from encoder_backward");
     CHECK(pe_same, "encoder_backward_range with dwte NULL: dwpe differs from encoder_backward");
-    free(inp); free(dout); free(te0); free(pe0); free(te_all); free(pe_all); free(te_t); free(pe_t); free(te_r);
+    free(inp);
+    free(dout);
+    free(te0);
+    free(pe0);
+    free(te_all);
+    free(pe_all);
+    free(te_t);
+    free(pe_t);
+    free(te_r);
     free(ref);
 }
 
@@ -639,10 +661,10 @@ static void test_layernorm_case(Ctx* cx, int N, int C, int fd) {
     const float* kdb = kdw + C;
     double e_out = rel_err(ko, out, nc), e_m = rel_err(km, mean, N), e_r = rel_err(kr, rstd, N);
     double e_dx = rel_err(kdx, dx, nc), e_dw = rel_err(kdw, dw, C), e_db = rel_err(kdb, db, C);
-    printf("layernorm N=%d C=%d: out %.2e mean %.2e rstd %.2e | dinp %.2e dw %.2e db %.2e\n", N, C,
-           e_out, e_m, e_r, e_dx, e_dw, e_db);
-    CHECK(e_out <= TOL_FWD && e_m <= TOL_FWD && e_r <= TOL_FWD, "layernorm_forward error %.3e %.3e %.3e",
-          e_out, e_m, e_r);
+    printf("layernorm N=%d C=%d: out %.2e mean %.2e rstd %.2e | dinp %.2e dw %.2e db %.2e\n", N, C, e_out, e_m,
+           e_r, e_dx, e_dw, e_db);
+    CHECK(e_out <= TOL_FWD && e_m <= TOL_FWD && e_r <= TOL_FWD, "layernorm_forward error %.3e %.3e %.3e", e_out,
+          e_m, e_r);
     CHECK(e_dx <= TOL_BWD && e_dw <= TOL_BWD && e_db <= TOL_BWD,
           "layernorm_backward (accumulating) error %.3e %.3e %.3e", e_dx, e_dw, e_db);
     check_determinism(be, "layernorm", ln_run, &s, nout);
@@ -664,13 +686,33 @@ static void test_layernorm_case(Ctx* cx, int N, int C, int fd) {
         fd_grad(ln_loss, &L, b, C, fb);
         double f1 = rel_err(gx, fx, nc), f2 = rel_err(gw, fw, C), f3 = rel_err(gb, fb, C);
         printf("layernorm finite differences N=%d C=%d: dinp %.2e dw %.2e db %.2e\n", N, C, f1, f2, f3);
-        CHECK(f1 <= TOL_FD && f2 <= TOL_FD && f3 <= TOL_FD, "layernorm finite differences %.3e %.3e %.3e",
-              f1, f2, f3);
-        free(gx); free(gw); free(gb); free(fx); free(fw); free(fb);
+        CHECK(f1 <= TOL_FD && f2 <= TOL_FD && f3 <= TOL_FD, "layernorm finite differences %.3e %.3e %.3e", f1,
+              f2, f3);
+        free(gx);
+        free(gw);
+        free(gb);
+        free(fx);
+        free(fw);
+        free(fb);
     }
-    free(s.inp); free(s.w); free(s.b); free(s.dout); free(s.dinp0); free(s.dw0); free(s.db0);
-    free(o); free(x); free(w); free(b); free(G); free(out); free(mean); free(rstd);
-    free(dx); free(dw); free(db);
+    free(s.inp);
+    free(s.w);
+    free(s.b);
+    free(s.dout);
+    free(s.dinp0);
+    free(s.dw0);
+    free(s.db0);
+    free(o);
+    free(x);
+    free(w);
+    free(b);
+    free(G);
+    free(out);
+    free(mean);
+    free(rstd);
+    free(dx);
+    free(dw);
+    free(db);
 }
 
 /* residual_layernorm_forward and residual_forward */
@@ -684,8 +726,8 @@ static void res_run(Backend* be, void* p, float* o) {
     ResSt* s = p;
     const size_t nc = (size_t)s->N * s->C;
     fill_nan(o, 3 * nc + 2 * (size_t)s->N);
-    be->residual_layernorm_forward(be, o, o + nc, o + 2 * nc, o + 2 * nc + s->N, s->a, s->b, s->w,
-                                   s->bias, s->N, s->C);
+    be->residual_layernorm_forward(be, o, o + nc, o + 2 * nc, o + 2 * nc + s->N, s->a, s->b, s->w, s->bias,
+                                   s->N, s->C);
     be->residual_forward(be, o + 2 * nc + 2 * (size_t)s->N, s->a, s->b, nc);
 }
 
@@ -720,15 +762,25 @@ static void test_residual_case(Ctx* cx, int N, int C) {
     float* lo = falloc(nc + 2 * (size_t)N);
     be->layernorm_forward(be, lo, lo + nc, lo + nc + N, o, s.w, s.bias, N, C);
     int same = memcmp(lo, o + nc, sizeof(float) * (nc + 2 * (size_t)N)) == 0;
-    printf("residual+layernorm N=%d C=%d: out %.2e mean %.2e rstd %.2e, sums exact %d, = layernorm %d\n",
-           N, C, e1, e2, e3, exact, same);
+    printf("residual+layernorm N=%d C=%d: out %.2e mean %.2e rstd %.2e, sums exact %d, = layernorm %d\n", N, C,
+           e1, e2, e3, exact, same);
     CHECK(exact, "residual sums are not the exact fp32 sums");
     CHECK(e1 <= TOL_FWD && e2 <= TOL_FWD && e3 <= TOL_FWD, "residual_layernorm_forward error %.3e %.3e %.3e",
           e1, e2, e3);
     CHECK(same, "residual_layernorm_forward differs from layernorm_forward of the residual");
     check_determinism(be, "residual_layernorm", res_run, &s, nout);
-    free(s.a); free(s.b); free(s.w); free(s.bias); free(o); free(x); free(w); free(b);
-    free(out); free(mean); free(rstd); free(lo);
+    free(s.a);
+    free(s.b);
+    free(s.w);
+    free(s.bias);
+    free(o);
+    free(x);
+    free(w);
+    free(b);
+    free(out);
+    free(mean);
+    free(rstd);
+    free(lo);
 }
 
 /* ------------------------------------------------------------------- GELU */
@@ -752,7 +804,11 @@ static void test_gelu_case(Ctx* cx, size_t n) {
     GeluSt s = {n, falloc(n), falloc(n)};
     fill_normal(&r, s.x, n, 3.0f);
     if (n > 8) {
-        s.x[0] = 0.0f; s.x[1] = -12.0f; s.x[2] = 12.0f; s.x[3] = -40.0f; s.x[4] = 40.0f;
+        s.x[0] = 0.0f;
+        s.x[1] = -12.0f;
+        s.x[2] = 12.0f;
+        s.x[3] = -40.0f;
+        s.x[4] = 40.0f;
     }
     fill_normal(&r, s.dout, n, 1.0f);
     float* o = falloc(2 * n);
@@ -772,7 +828,12 @@ static void test_gelu_case(Ctx* cx, size_t n) {
     CHECK(e2 <= TOL_BWD, "gelu_backward error %.3e", e2);
     CHECK(e3 <= TOL_FD, "gelu finite differences %.3e", e3);
     check_determinism(be, "gelu", gelu_run, &s, 2 * n);
-    free(s.x); free(s.dout); free(o); free(rf); free(rb); free(fd);
+    free(s.x);
+    free(s.dout);
+    free(o);
+    free(rf);
+    free(rb);
+    free(fd);
 }
 
 /* ----------------------------------------------------------------- matmul */
@@ -793,8 +854,8 @@ static void mm_run(Backend* be, void* p, float* o) {
     float* dw = dinp + ni;
     float* db = dw + nw;
     fill_nan(out, 2 * no + ni);
-    be->matmul_forward(be, out, s->gelu_fwd ? pre : NULL, s->inp, s->w, s->has_bias ? s->bias : NULL,
-                       s->N, s->C, s->OC);
+    be->matmul_forward(be, out, s->gelu_fwd ? pre : NULL, s->inp, s->w, s->has_bias ? s->bias : NULL, s->N,
+                       s->C, s->OC);
     if (!s->gelu_fwd) memset(pre, 0, sizeof(float) * no);
     memcpy(dw, s->dw0, sizeof(float) * nw);
     memcpy(db, s->db0, sizeof(float) * s->OC);
@@ -807,10 +868,10 @@ static void test_matmul_case(Ctx* cx, int N, int C, int OC, int has_bias, int ge
     Rng r;
     case_rng(cx, &r);
     const size_t no = (size_t)N * OC, ni = (size_t)N * C, nw = (size_t)OC * C;
-    MmSt s = {N, C, OC, has_bias, gelu_fwd, gelu_bwd, falloc(ni), falloc(nw), falloc(OC), falloc(ni),
-              falloc(no), falloc(nw), falloc(OC)};
+    MmSt s = {N,          C,          OC,         has_bias,   gelu_fwd,   gelu_bwd,  falloc(ni),
+              falloc(nw), falloc(OC), falloc(ni), falloc(no), falloc(nw), falloc(OC)};
     fill_normal(&r, s.pre_prev, ni, 1.5f);
-    if (gelu_bwd) {  /* the fc -> gelu -> fcproj chain: inp = gelu(pre_prev) */
+    if (gelu_bwd) { /* the fc -> gelu -> fcproj chain: inp = gelu(pre_prev) */
         for (size_t i = 0; i < ni; i++) s.inp[i] = (float)ref_gelu(s.pre_prev[i]);
     } else {
         fill_normal(&r, s.inp, ni, 1.0f);
@@ -842,17 +903,33 @@ static void test_matmul_case(Ctx* cx, int N, int C, int OC, int has_bias, int ge
     double e_pre = gelu_fwd ? rel_err(o + no, pre, no) : 0.0;
     double e_dx = rel_err(o + 2 * no, dinp, ni), e_dw = rel_err(o + 2 * no + ni, dw, nw);
     double e_db = has_bias ? rel_err(o + 2 * no + ni + nw, db, OC) : 0.0;
-    printf("matmul N=%d C=%d OC=%d bias=%d gelu_fwd=%d gelu_bwd=%d: out %.2e pre %.2e | dinp %.2e dw %.2e db %.2e\n",
-           N, C, OC, has_bias, gelu_fwd, gelu_bwd, e_out, e_pre, e_dx, e_dw, e_db);
+    printf(
+        "matmul N=%d C=%d OC=%d bias=%d gelu_fwd=%d gelu_bwd=%d: out %.2e pre %.2e | dinp %.2e dw %.2e db %.2e\n",
+        N, C, OC, has_bias, gelu_fwd, gelu_bwd, e_out, e_pre, e_dx, e_dw, e_db);
     CHECK(e_out <= TOL_FWD && e_pre <= TOL_FWD, "matmul_forward error %.3e %.3e", e_out, e_pre);
-    CHECK(e_dx <= TOL_BWD && e_dw <= TOL_BWD && e_db <= TOL_BWD, "matmul_backward error %.3e %.3e %.3e",
-          e_dx, e_dw, e_db);
+    CHECK(e_dx <= TOL_BWD && e_dw <= TOL_BWD && e_db <= TOL_BWD, "matmul_backward error %.3e %.3e %.3e", e_dx,
+          e_dw, e_db);
     if (!has_bias)
         CHECK(memcmp(o + 2 * no + ni + nw, s.db0, sizeof(float) * OC) == 0, "dbias written with dbias NULL");
     check_determinism(be, "matmul", mm_run, &s, nout);
-    free(s.inp); free(s.w); free(s.bias); free(s.pre_prev); free(s.dout); free(s.dw0); free(s.db0);
-    free(o); free(inp); free(w); free(bias); free(pp); free(G); free(out); free(pre);
-    free(dinp); free(dw); free(db);
+    free(s.inp);
+    free(s.w);
+    free(s.bias);
+    free(s.pre_prev);
+    free(s.dout);
+    free(s.dw0);
+    free(s.db0);
+    free(o);
+    free(inp);
+    free(w);
+    free(bias);
+    free(pp);
+    free(G);
+    free(out);
+    free(pre);
+    free(dinp);
+    free(dw);
+    free(db);
 }
 
 /* matmul_backward_weight (the lm head's dW per vocabulary chunk, issue 8):
@@ -881,7 +958,7 @@ static void test_matmul_weight_case(Ctx* cx, int N, int C, int ldd, int col0, in
     const size_t nd = (size_t)N * ldd, ni = (size_t)N * C, nw = (size_t)OCs * C;
     const int guard = 3;
     MwSt s = {N, C, ldd, col0, OCs, falloc(nd), falloc(ni), falloc(nw)};
-    float* full = falloc(nd);   /* the same dout without the poison, for the full-width call */
+    float* full = falloc(nd); /* the same dout without the poison, for the full-width call */
     fill_normal(&r, full, nd, 1.0f);
     fill_normal(&r, s.inp, ni, 1.0f);
     fill_normal(&r, s.dw0, nw, 1.0f);
@@ -943,8 +1020,19 @@ static void test_matmul_weight_case(Ctx* cx, int N, int C, int ldd, int col0, in
     CHECK(same_dw_only, "matmul_backward with dinp NULL: dW differs from the full call");
     CHECK(same_dx_only, "matmul_backward with dw NULL: dinp differs from the full call");
     check_determinism(be, "matmul_backward_weight", mw_run, &s, nw);
-    free(s.dout); free(s.inp); free(s.dw0); free(full); free(o); free(ref); free(wfull); free(w); free(dinp);
-    free(wkeep); free(tiled); free(w2); free(dinp2);
+    free(s.dout);
+    free(s.inp);
+    free(s.dw0);
+    free(full);
+    free(o);
+    free(ref);
+    free(wfull);
+    free(w);
+    free(dinp);
+    free(wkeep);
+    free(tiled);
+    free(w2);
+    free(dinp2);
 }
 
 /* finite differences of L = sum(G * f) through the matmul. mode 0: f =
@@ -996,15 +1084,18 @@ static void test_matmul_fd(Ctx* cx, int N, int C, int OC, int mode) {
         be->matmul_forward(be, out, pre, x, w, b, N, C, OC);
         be->gelu_backward(be, dpre, pre, G, no);
         be->matmul_backward(be, gx, gw, gb, dpre, x, w, NULL, N, C, OC);
-        free(out); free(pre); free(dpre);
+        free(out);
+        free(pre);
+        free(dpre);
     } else {
         float* gx_in = falloc(ni);
         be->gelu_forward(be, gx_in, x, ni);
         be->matmul_backward(be, gx, gw, gb, G, gx_in, w, x, N, C, OC);
         free(gx_in);
     }
-    MmLoss L = {N, C, OC, mode, to_double(x, ni), to_double(w, nw), to_double(b, OC), to_double(G, no),
-                dalloc(no), dalloc(ni)};
+    MmLoss L = {
+        N,          C,         OC, mode, to_double(x, ni), to_double(w, nw), to_double(b, OC), to_double(G, no),
+        dalloc(no), dalloc(ni)};
     double* fx = dalloc(ni);
     double* fw = dalloc(nw);
     double* fb = dalloc(OC);
@@ -1013,12 +1104,26 @@ static void test_matmul_fd(Ctx* cx, int N, int C, int OC, int mode) {
     fd_grad(mm_loss, &L, L.b, OC, fb);
     double f1 = rel_err(gx, fx, ni), f2 = rel_err(gw, fw, nw), f3 = rel_err(gb, fb, OC);
     static const char* names[3] = {"plain", "gelu fused in forward", "gelu fused in backward"};
-    printf("matmul finite differences (%s) N=%d C=%d OC=%d: dinp %.2e dw %.2e db %.2e\n", names[mode],
-           N, C, OC, f1, f2, f3);
+    printf("matmul finite differences (%s) N=%d C=%d OC=%d: dinp %.2e dw %.2e db %.2e\n", names[mode], N, C, OC,
+           f1, f2, f3);
     CHECK(f1 <= TOL_FD && f2 <= TOL_FD && f3 <= TOL_FD, "matmul finite differences (%s) %.3e %.3e %.3e",
           names[mode], f1, f2, f3);
-    free(x); free(w); free(b); free(G); free(gx); free(gw); free(gb);
-    free(L.x); free(L.w); free(L.b); free(L.G); free(L.out); free(L.tmp); free(fx); free(fw); free(fb);
+    free(x);
+    free(w);
+    free(b);
+    free(G);
+    free(gx);
+    free(gw);
+    free(gb);
+    free(L.x);
+    free(L.w);
+    free(L.b);
+    free(L.G);
+    free(L.out);
+    free(L.tmp);
+    free(fx);
+    free(fw);
+    free(fb);
 }
 
 /* -------------------------------------------------------------- attention */
@@ -1080,9 +1185,17 @@ static void test_attention_case(Ctx* cx, int B, int T, int C, int NH, float scal
         double f = rel_err(o + no + nl, fq, nq);
         printf("attention finite differences B=%d T=%d C=%d NH=%d: dqkv %.2e\n", B, T, C, NH, f);
         CHECK(f <= TOL_FD, "attention finite differences %.3e", f);
-        free(L.out); free(fq);
+        free(L.out);
+        free(fq);
     }
-    free(s.qkv); free(s.dout); free(o); free(qkv); free(G); free(out); free(lse); free(dqkv);
+    free(s.qkv);
+    free(s.dout);
+    free(o);
+    free(qkv);
+    free(G);
+    free(out);
+    free(lse);
+    free(dqkv);
 }
 
 /* ------------------------------------------------------------- classifier */
@@ -1150,21 +1263,27 @@ static void test_classifier_case(Ctx* cx, int N, int V, int Vp, float dloss, flo
         ok_grad = memcmp(o, s.logits, sizeof(float) * nl) == 0;
         CHECK(ok_grad, "fused_classifier with dloss 0 changed the logits");
     }
-    printf("classifier N=%d V=%d Vp=%d dloss=%g scale=%g offset=%g: losses %.2e grad %.2e\n", N, V,
-           Vp, (double)dloss, (double)scale, (double)offset, e_loss, e_grad);
+    printf("classifier N=%d V=%d Vp=%d dloss=%g scale=%g offset=%g: losses %.2e grad %.2e\n", N, V, Vp,
+           (double)dloss, (double)scale, (double)offset, e_loss, e_grad);
     CHECK(e_loss <= TOL_FWD, "fused_classifier losses error %.3e", e_loss);
     CHECK(ok_grad, "fused_classifier gradient error %.3e", e_grad);
     check_determinism(be, "classifier", cls_run, &s, nl + N);
     if (fd && dloss != 0.0f) {
         ClsLoss L = {N, V, Vp, dloss, x, dalloc(N), s.targets};
         double* f = dalloc(nl);
-        fd_grad(cls_loss, &L, x, nl, f);   /* pads come out 0: they are not read */
+        fd_grad(cls_loss, &L, x, nl, f); /* pads come out 0: they are not read */
         double e = rel_err(o, f, nl);
         printf("classifier finite differences N=%d V=%d Vp=%d: dlogits %.2e\n", N, V, Vp, e);
         CHECK(e <= TOL_FD, "classifier finite differences %.3e", e);
-        free(L.losses); free(f);
+        free(L.losses);
+        free(f);
     }
-    free(s.logits); free(s.targets); free(o); free(x); free(losses); free(dl);
+    free(s.logits);
+    free(s.targets);
+    free(o);
+    free(x);
+    free(losses);
+    free(dl);
 }
 
 /* -------------------------------------------------------------- optimizer */
@@ -1208,7 +1327,7 @@ static void test_grad_sumsq(Ctx* cx) {
     size_t nb, ns;
     int np = make_pieces(&r, pc, &nb, &ns);
     float* g = falloc(nb);
-    for (size_t i = 0; i < nb; i++) g[i] = 1e10f;   /* gaps: must not be read */
+    for (size_t i = 0; i < nb; i++) g[i] = 1e10f; /* gaps: must not be read */
     double ref = 0.0;
     for (int p = 0; p < np; p++)
         for (size_t i = 0; i < pc[p].len; i++) {
@@ -1256,16 +1375,31 @@ static void test_adamw(Ctx* cx, int t, float grad_scale) {
     float* master = falloc(ns);
     float* m = falloc(ns);
     float* v = falloc(ns);
-    fill_normal(&r, params, nb, 1.0f);     /* gaps keep these bits */
-    fill_nan(grads, nb);                   /* gaps: must not be read */
+    fill_normal(&r, params, nb, 1.0f); /* gaps keep these bits */
+    fill_nan(grads, nb);               /* gaps: must not be read */
     fill_normal(&r, master, ns, 1.0f);
     fill_normal(&r, m, ns, 0.01f);
     for (size_t i = 0; i < ns; i++) v[i] = 1e-4f * rng_uniform(&r);
     for (int p = 0; p < np; p++)
         for (size_t i = 0; i < pc[p].len; i++) grads[pc[p].buf_off + i] = 0.05f * rng_normal(&r);
-    AdSt s = {nb, ns, params, grads, master, m, v, pc, np,
-              {.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
-               .grad_scale = grad_scale, .t = t, .seed = 1}};
+    AdSt s = {
+        nb,
+        ns,
+        params,
+        grads,
+        master,
+        m,
+        v,
+        pc,
+        np,
+        {.lr = 3e-3f,
+         .beta1 = 0.9f,
+         .beta2 = 0.95f,
+         .eps = 1e-8f,
+         .weight_decay = 0.1f,
+         .grad_scale = grad_scale,
+         .t = t,
+         .seed = 1}};
     float* o = falloc(nb + 3 * ns);
     adamw_run(be, &s, o);
     /* the double reference */
@@ -1305,14 +1439,23 @@ static void test_adamw(Ctx* cx, int t, float grad_scale) {
     double e_m = rel_err(o + nb + ns, rm, ns), e_v = rel_err(o + nb + 2 * ns, rv, ns);
     printf("adamw t=%d grad_scale=%g %zu elements: master %.2e update %.2e m %.2e v %.2e\n", t,
            (double)grad_scale, ns, e_w, e_u, e_m, e_v);
-    CHECK(e_w <= 1e-6 && e_u <= 1e-5 && e_m <= 1e-6 && e_v <= 1e-6, "adamw error %.3e %.3e %.3e %.3e",
-          e_w, e_u, e_m, e_v);
+    CHECK(e_w <= 1e-6 && e_u <= 1e-5 && e_m <= 1e-6 && e_v <= 1e-6, "adamw error %.3e %.3e %.3e %.3e", e_w, e_u,
+          e_m, e_v);
     CHECK(elem_ok, "adamw: an element of master is off by more than fp32 rounding");
     CHECK(params_ok, "adamw: params differ from master");
     CHECK(gaps_ok, "adamw wrote params outside its pieces");
     check_determinism(be, "adamw", adamw_run, &s, nb + 3 * ns);
-    free(params); free(grads); free(master); free(m); free(v); free(o);
-    free(rm); free(rv); free(rw); free(dupd); free(kupd);
+    free(params);
+    free(grads);
+    free(master);
+    free(m);
+    free(v);
+    free(o);
+    free(rm);
+    free(rv);
+    free(rw);
+    free(dupd);
+    free(kupd);
 }
 
 /* ------------------------------------------------------------------ speed */
@@ -1348,7 +1491,13 @@ static void bench_matmul(Ctx* cx, int N, int C, int OC) {
            "forward+backward %.1f GFLOP/s\n",
            N, C, OC, omp_get_max_threads(), flop / best_f / 1e9, 2 * flop / best_b / 1e9,
            3 * flop / (best_f + best_b) / 1e9);
-    free(inp); free(w); free(b); free(out); free(dinp); free(dw); free(db);
+    free(inp);
+    free(w);
+    free(b);
+    free(out);
+    free(dinp);
+    free(dw);
+    free(db);
 }
 
 /* ------------------------------------------------------------------- main */
@@ -1390,9 +1539,9 @@ int main(void) {
     test_matmul_case(&cx, 64, 768, 2304, 1, 0, 0);
     test_matmul_case(&cx, 10, 4100, 600, 1, 0, 0);
     test_matmul_case(&cx, 2100, 1100, 8, 0, 0, 1);
-    test_matmul_case(&cx, 6, 40, 4200, 1, 1, 0);   /* several packed column blocks (4096) */
+    test_matmul_case(&cx, 6, 40, 4200, 1, 1, 0); /* several packed column blocks (4096) */
     test_matmul_case(&cx, 3, 4500, 5, 1, 0, 1);
-    test_matmul_case(&cx, 2, 600, 4200, 1, 0, 0);  /* column blocks x k-ranges */
+    test_matmul_case(&cx, 2, 600, 4200, 1, 0, 0); /* column blocks x k-ranges */
     /* the lm head's dW per vocabulary chunk: odd slices, several row blocks
      * (MC 96) and k-blocks (KC 256), GPT-2-like chunk of a wide dout */
     test_matmul_weight_case(&cx, 13, 36, 50, 7, 20);
@@ -1410,7 +1559,7 @@ int main(void) {
     test_attention_case(&cx, 2, 7, 36, 3, 1.0f, 1);
     test_attention_case(&cx, 1, 5, 6, 2, 1.0f, 1);
     test_attention_case(&cx, 1, 1, 8, 2, 1.0f, 1);
-    test_attention_case(&cx, 1, 6, 12, 2, 2.5f, 1);   /* peaked softmax */
+    test_attention_case(&cx, 1, 6, 12, 2, 2.5f, 1); /* peaked softmax */
     test_attention_case(&cx, 3, 16, 24, 1, 1.0f, 0);
     test_attention_case(&cx, 2, 64, 96, 3, 1.0f, 0);
     test_attention_case(&cx, 2, 40, 48, 4, 3.0f, 0);
@@ -1421,7 +1570,7 @@ int main(void) {
     test_classifier_case(&cx, 3, 1, 4, 0.5f, 3.0f, 0.0f, 1);
     test_classifier_case(&cx, 6, 500, 512, 1.0f / 6, 3.0f, 1000.0f, 0);
     test_classifier_case(&cx, 6, 500, 512, 0.0f, 3.0f, 0.0f, 0);
-    test_classifier_case(&cx, 7, 300, 320, 1.0f / 7, 40.0f, -500.0f, 0);  /* peaked: huge losses */
+    test_classifier_case(&cx, 7, 300, 320, 1.0f / 7, 40.0f, -500.0f, 0); /* peaked: huge losses */
     test_classifier_case(&cx, 4, 50257, 50304, 0.25f, 3.0f, 0.0f, 0);
 
     test_grad_sumsq(&cx);

@@ -29,8 +29,8 @@
 #include <cuda_runtime_api.h>
 
 typedef struct {
-    Backend* g;   /* CUDA backend under test */
-    Backend* c;   /* CPU reference */
+    Backend* g; /* CUDA backend under test */
+    Backend* c; /* CPU reference */
     DType dt;
     double tol;
     Rng rng;
@@ -149,8 +149,7 @@ static double rel_err(const float* got, const float* ref, size_t n) {
 }
 static void report(Ctx* cx, const char* what, double err, double tol) {
     int ok = err <= tol;
-    printf("  %-58s %-4s err %.3e (tol %.0e)%s\n", what, dtype_name(cx->dt), err, tol,
-           ok ? "" : "  <-- FAIL");
+    printf("  %-58s %-4s err %.3e (tol %.0e)%s\n", what, dtype_name(cx->dt), err, tol, ok ? "" : "  <-- FAIL");
     CHECK(ok, "%s (%s): error %.3e over %.0e", what, dtype_name(cx->dt), err, tol);
 }
 static void compare(Ctx* cx, const char* what, const float* got, const float* ref, size_t n) {
@@ -219,7 +218,7 @@ static void t_encoder(Ctx* cx, int B, int T, int C, int V) {
     float* w0 = rand_x(cx, (size_t)V * C, 1.0f);
     float* p0 = rand_x(cx, (size_t)T * C, 1.0f);
     void* dg = up_x(cx, g, BT * C);
-    void* gw[2], *gp[2];
+    void *gw[2], *gp[2];
     for (int r = 0; r < 2; r++) {
         gw[r] = up_x(cx, w0, (size_t)V * C);
         gp[r] = up_x(cx, p0, (size_t)T * C);
@@ -254,7 +253,7 @@ static void t_layernorm(Ctx* cx, int N, int C) {
     size_t n = (size_t)N * C;
     char name[96];
     float* x = rand_x(cx, n, 1.0f);
-    for (int r = 0; r < N; r++)  /* rows with an offset, like a residual stream */
+    for (int r = 0; r < N; r++) /* rows with an offset, like a residual stream */
         for (int c = 0; c < C; c++) x[(size_t)r * C + c] += 0.5f * (float)(r % 5);
     quantize(cx, x, n);
     float* x2 = rand_x(cx, n, 1.0f);
@@ -291,7 +290,7 @@ static void t_layernorm(Ctx* cx, int N, int C) {
     cx->g->residual_layernorm_forward(cx->g, dres, dout2, dmean2, drstd2, dx, dx2, dw, db, N, C);
     float* rres = falloc(n);
     cx->c->residual_forward(cx->c, rres, x, x2, n);
-    quantize(cx, rres, n);  /* the stored residual is an X tensor; its layernorm is of that */
+    quantize(cx, rres, n); /* the stored residual is an X tensor; its layernorm is of that */
     cx->c->layernorm_forward(cx->c, ro, rm, rr, rres, w, b, N, C);
     float* gres = get_x(cx, dres, n);
     go = get_x(cx, dout2, n);
@@ -317,7 +316,7 @@ static void t_layernorm(Ctx* cx, int N, int C) {
     void* dg = up_x(cx, g, n);
     float* dm = up_raw(cx, rm, N * 4);
     float* dr = up_raw(cx, rr, N * 4);
-    void* gi[2], *gw[2], *gb[2];
+    void *gi[2], *gw[2], *gb[2];
     for (int r = 0; r < 2; r++) {
         gi[r] = up_x(cx, di0, n);
         gw[r] = up_x(cx, dw0, C);
@@ -425,12 +424,12 @@ static void t_matmul(Ctx* cx, int N, int C, int OC, int use_bias, int use_gelu) 
 
     /* backward */
     float* g = rand_x(cx, no, 1.0f);
-    float* pre = use_gelu ? rand_x(cx, ni, 1.5f) : NULL;  /* pre_gelu of the input side */
+    float* pre = use_gelu ? rand_x(cx, ni, 1.5f) : NULL; /* pre_gelu of the input side */
     float* dw0 = rand_x(cx, nw, 1.0f);
     float* db0 = use_bias ? rand_x(cx, OC, 1.0f) : NULL;
     void* dg = up_x(cx, g, no);
     void* dpre_in = use_gelu ? up_x(cx, pre, ni) : NULL;
-    void* gi[2], *gw[2], *gb[2] = {NULL, NULL};
+    void *gi[2], *gw[2], *gb[2] = {NULL, NULL};
     for (int r = 0; r < 2; r++) {
         gi[r] = poisoned(cx, ni * xs(cx));
         gw[r] = up_x(cx, dw0, nw);
@@ -438,7 +437,7 @@ static void t_matmul(Ctx* cx, int N, int C, int OC, int use_bias, int use_gelu) 
         cx->g->matmul_backward(cx->g, gi[r], gw[r], gb[r], dg, dinp, dw, dpre_in, N, C, OC);
     }
     float* ri = falloc(ni);
-    fill_normal(cx, ri, ni, 1.0f);  /* garbage: must be overwritten */
+    fill_normal(cx, ri, ni, 1.0f); /* garbage: must be overwritten */
     float* rw = copy_f(dw0, nw);
     float* rb = use_bias ? copy_f(db0, OC) : NULL;
     cx->c->matmul_backward(cx->c, ri, rw, rb, g, inp, w, pre, N, C, OC);
@@ -484,7 +483,8 @@ static void t_matmul(Ctx* cx, int N, int C, int OC, int use_bias, int use_gelu) 
 static void t_encoder_range(Ctx* cx, int B, int T, int C, int V) {
     size_t BT = (size_t)B * T, nte = (size_t)V * C, npe = (size_t)T * C, es = xs(cx);
     int* tok = xmalloc(sizeof(int) * BT);
-    for (size_t i = 0; i < BT; i++) tok[i] = rng_u64(&cx->rng) % 2 ? 1 % V : (int)(rng_u64(&cx->rng) % (uint64_t)V);
+    for (size_t i = 0; i < BT; i++)
+        tok[i] = rng_u64(&cx->rng) % 2 ? 1 % V : (int)(rng_u64(&cx->rng) % (uint64_t)V);
     int* dtok = up_raw(cx, tok, sizeof(int) * BT);
     float* g = rand_x(cx, BT * C, 1.0f);
     float* w0 = rand_x(cx, nte, 1.0f);
@@ -569,7 +569,8 @@ static void t_matmul_weight(Ctx* cx, int N, int C, int ldd, int col0, int OCs) {
     cx->c->matmul_backward_weight(cx->c, rw, g + col0, ldd, inp, N, C, OCs);
     float* hw = get_x(cx, gw[0], nw);
     char name[128];
-    snprintf(name, sizeof name, "matmul_backward_weight N=%d C=%d cols [%d,%d) of %d", N, C, col0, col0 + OCs, ldd);
+    snprintf(name, sizeof name, "matmul_backward_weight N=%d C=%d cols [%d,%d) of %d", N, C, col0, col0 + OCs,
+             ldd);
     compare(cx, name, hw, rw, nw);
     unsigned char* hg = xmalloc((size_t)G * C * es);
     cx->g->to_host(cx->g, hg, gw[0] + nw * es, (size_t)G * C * es);
@@ -760,11 +761,17 @@ static void t_optimizer(Ctx* cx) {
     fill_normal(cx, m, S, 0.001f);
     float* v = falloc(S);
     for (size_t i = 0; i < S; i++) v[i] = 1e-6f * fabsf(rng_normal(&cx->rng));
-    float* params0 = rand_x(cx, P, 1.0f);  /* outside the pieces: must stay */
-    AdamWArgs a = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
-                   .grad_scale = 0.7f, .t = 3, .seed = 1234u};
+    float* params0 = rand_x(cx, P, 1.0f); /* outside the pieces: must stay */
+    AdamWArgs a = {.lr = 1e-3f,
+                   .beta1 = 0.9f,
+                   .beta2 = 0.95f,
+                   .eps = 1e-8f,
+                   .weight_decay = 0.1f,
+                   .grad_scale = 0.7f,
+                   .t = 3,
+                   .seed = 1234u};
     void* gp[2];
-    float* gmst[2], *gm[2], *gv[2];
+    float *gmst[2], *gm[2], *gv[2];
     for (int r = 0; r < 2; r++) {
         gp[r] = up_x(cx, params0, P);
         gmst[r] = up_raw(cx, master, S * 4);
@@ -854,8 +861,7 @@ static void t_memory(Ctx* cx) {
     size_t peak = g->peak_reserved(g);
     g->release(g, p, bytes, MEM_ACTIVATIONS);
     size_t after = g->mem.total_current;
-    printf("  memory: tracked %zu -> %zu -> %zu bytes, peak reserved %zu bytes\n", before, during,
-           after, peak);
+    printf("  memory: tracked %zu -> %zu -> %zu bytes, peak reserved %zu bytes\n", before, during, after, peak);
     CHECK(during == before + bytes && after == before, "alloc/release must be tracked exactly");
     CHECK(g->mem.current[MEM_ACTIVATIONS] == 0, "activations category back to 0");
     CHECK(peak >= bytes, "peak_reserved (%zu) must cover a %zu-byte allocation", peak, bytes);
@@ -895,9 +901,9 @@ static void run_all(Backend* cpu, DType dt) {
     t_matmul(&cx, 256, 768, 3072, 1, 1);
     t_matmul(&cx, 128, 3072, 768, 1, 0);
     t_matmul(&cx, 128, 96, 200, 0, 1);
-    t_matmul_weight(&cx, 37, 40, 50, 7, 21);     /* odd: the fallback GEMM */
-    t_matmul_weight(&cx, 512, 768, 50304, 5184, 5184);   /* a GPT-2 124M wte chunk */
-    t_matmul_weight(&cx, 256, 768, 50304, 46656, 3648);  /* the last one */
+    t_matmul_weight(&cx, 37, 40, 50, 7, 21);            /* odd: the fallback GEMM */
+    t_matmul_weight(&cx, 512, 768, 50304, 5184, 5184);  /* a GPT-2 124M wte chunk */
+    t_matmul_weight(&cx, 256, 768, 50304, 46656, 3648); /* the last one */
     t_attention(&cx, 2, 64, 128, 2);
     t_attention(&cx, 1, 130, 128, 2);
     t_attention(&cx, 1, 100, 96, 3);
@@ -924,17 +930,17 @@ static void run_all(Backend* cpu, DType dt) {
 
 /* ---------------------------------------------------------------- bench */
 
-#define BENCH_COPY_TBS 4.3     /* measured device copy, TB/s */
-#define BENCH_MM_TFLOPS 790.0  /* measured bf16 cuBLAS matmul, TFLOP/s */
+#define BENCH_COPY_TBS 4.3    /* measured device copy, TB/s */
+#define BENCH_MM_TFLOPS 790.0 /* measured bf16 cuBLAS matmul, TFLOP/s */
 
 typedef struct {
     Backend* g;
     int B, T, C, NH, V, Vp, N;
-    void *x1, *x2, *x3, *x4;   /* [N, 4C] activations */
+    void *x1, *x2, *x3, *x4; /* [N, 4C] activations */
     void *w, *w2, *bias, *bias2;
-    void *logits;
+    void* logits;
     float *mean, *rstd, *lse, *losses;
-    int *tok;
+    int* tok;
     void *params, *grads;
     float *master, *m, *v;
     size_t P;
@@ -943,35 +949,69 @@ typedef struct {
 } Bench;
 
 enum {
-    B_ENC_F, B_ENC_B, B_LN_F, B_RLN_F, B_RES_F, B_GELU_F, B_GELU_B, B_LN_B,
-    B_MM_QKV_F, B_MM_ATT_F, B_MM_FC_F, B_MM_FCP_F, B_MM_LM_F,
-    B_MM_QKV_B, B_MM_ATT_B, B_MM_FC_B, B_MM_FCP_B, B_MM_LM_B,
-    B_ATT_F, B_ATT_B, B_CLS, B_SUMSQ, B_ADAMW, B_NOPS
+    B_ENC_F,
+    B_ENC_B,
+    B_LN_F,
+    B_RLN_F,
+    B_RES_F,
+    B_GELU_F,
+    B_GELU_B,
+    B_LN_B,
+    B_MM_QKV_F,
+    B_MM_ATT_F,
+    B_MM_FC_F,
+    B_MM_FCP_F,
+    B_MM_LM_F,
+    B_MM_QKV_B,
+    B_MM_ATT_B,
+    B_MM_FC_B,
+    B_MM_FCP_B,
+    B_MM_LM_B,
+    B_ATT_F,
+    B_ATT_B,
+    B_CLS,
+    B_SUMSQ,
+    B_ADAMW,
+    B_NOPS
 };
 
 static void bench_op(Bench* b) {
     Backend* g = b->g;
     int N = b->N, C = b->C;
-    AdamWArgs a = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
-                   .grad_scale = 1.0f, .t = 1, .seed = 7u};
+    AdamWArgs a = {.lr = 1e-4f,
+                   .beta1 = 0.9f,
+                   .beta2 = 0.95f,
+                   .eps = 1e-8f,
+                   .weight_decay = 0.1f,
+                   .grad_scale = 1.0f,
+                   .t = 1,
+                   .seed = 7u};
     switch (b->op) {
     case B_ENC_F: g->encoder_forward(g, b->x1, b->tok, b->w, b->w2, b->B, b->T, C); break;
     case B_ENC_B: g->encoder_backward(g, b->w, b->w2, b->x1, b->tok, b->B, b->T, C); break;
     case B_LN_F: g->layernorm_forward(g, b->x2, b->mean, b->rstd, b->x1, b->bias, b->bias2, N, C); break;
-    case B_RLN_F: g->residual_layernorm_forward(g, b->x3, b->x2, b->mean, b->rstd, b->x1, b->x4, b->bias, b->bias2, N, C); break;
+    case B_RLN_F:
+        g->residual_layernorm_forward(g, b->x3, b->x2, b->mean, b->rstd, b->x1, b->x4, b->bias, b->bias2, N, C);
+        break;
     case B_RES_F: g->residual_forward(g, b->x3, b->x1, b->x2, (size_t)N * C); break;
     case B_GELU_F: g->gelu_forward(g, b->x2, b->x1, (size_t)N * 4 * C); break;
     case B_GELU_B: g->gelu_backward(g, b->x3, b->x1, b->x2, (size_t)N * 4 * C); break;
-    case B_LN_B: g->layernorm_backward(g, b->x3, b->bias, b->bias2, b->x2, b->x1, b->w, b->mean, b->rstd, N, C); break;
+    case B_LN_B:
+        g->layernorm_backward(g, b->x3, b->bias, b->bias2, b->x2, b->x1, b->w, b->mean, b->rstd, N, C);
+        break;
     case B_MM_QKV_F: g->matmul_forward(g, b->x2, NULL, b->x1, b->w, b->bias, N, C, 3 * C); break;
     case B_MM_ATT_F: g->matmul_forward(g, b->x2, NULL, b->x1, b->w, b->bias, N, C, C); break;
     case B_MM_FC_F: g->matmul_forward(g, b->x2, b->x3, b->x1, b->w, b->bias, N, C, 4 * C); break;
     case B_MM_FCP_F: g->matmul_forward(g, b->x2, NULL, b->x1, b->w, b->bias, N, 4 * C, C); break;
     case B_MM_LM_F: g->matmul_forward(g, b->logits, NULL, b->x1, b->w, NULL, N, C, b->Vp); break;
-    case B_MM_QKV_B: g->matmul_backward(g, b->x3, b->w2, b->bias2, b->x2, b->x1, b->w, NULL, N, C, 3 * C); break;
+    case B_MM_QKV_B:
+        g->matmul_backward(g, b->x3, b->w2, b->bias2, b->x2, b->x1, b->w, NULL, N, C, 3 * C);
+        break;
     case B_MM_ATT_B: g->matmul_backward(g, b->x3, b->w2, b->bias2, b->x2, b->x1, b->w, NULL, N, C, C); break;
     case B_MM_FC_B: g->matmul_backward(g, b->x3, b->w2, b->bias2, b->x2, b->x1, b->w, NULL, N, C, 4 * C); break;
-    case B_MM_FCP_B: g->matmul_backward(g, b->x3, b->w2, b->bias2, b->x2, b->x1, b->w, b->x4, N, 4 * C, C); break;
+    case B_MM_FCP_B:
+        g->matmul_backward(g, b->x3, b->w2, b->bias2, b->x2, b->x1, b->w, b->x4, N, 4 * C, C);
+        break;
     case B_MM_LM_B: g->matmul_backward(g, b->x3, b->w2, NULL, b->logits, b->x1, b->w, NULL, N, C, b->Vp); break;
     case B_ATT_F: g->attention_forward(g, b->x2, b->lse, b->x1, b->B, b->T, C, b->NH); break;
     case B_ATT_B: g->attention_backward(g, b->x3, b->x4, b->x1, b->x2, b->lse, b->B, b->T, C, b->NH); break;
@@ -1032,7 +1072,12 @@ static void run_bench(void) {
     memset(&b, 0, sizeof b);
     Backend* g = backend_cuda_create(DTYPE_BF16, 0, 0);
     b.g = g;
-    b.B = 64; b.T = 1024; b.C = 768; b.NH = 12; b.V = 50257; b.Vp = 50304;
+    b.B = 64;
+    b.T = 1024;
+    b.C = 768;
+    b.NH = 12;
+    b.V = 50257;
+    b.Vp = 50304;
     b.N = b.B * b.T;
     size_t N = b.N, C = b.C;
     Rng r;
@@ -1084,7 +1129,12 @@ static void run_bench(void) {
     b.op = B_ATT_F;
     bench_op(&b);
 
-    struct { int op; const char* name; double bytes, flops; int layers; } rows[] = {
+    struct {
+        int op;
+        const char* name;
+        double bytes, flops;
+        int layers;
+    } rows[] = {
         {B_ENC_F, "encoder_forward", N * C * 2.0 * 2 + b.T * C * 2.0, 0, 1},
         {B_ENC_B, "encoder_backward", N * C * 2.0 + b.T * C * 4.0, 0, 1},
         {B_LN_F, "layernorm_forward", N * C * 2.0 * 2, 0, 0},
@@ -1111,8 +1161,9 @@ static void run_bench(void) {
     };
     int nrows = (int)(sizeof rows / sizeof rows[0]);
     double step_ms = 0.0;
-    printf("\n== bench: bf16, B=%d T=%d C=%zu NH=%d Vp=%d (median of 20; floors %.1f TB/s copy, %.0f TFLOP/s matmul)\n",
-           b.B, b.T, C, b.NH, b.Vp, BENCH_COPY_TBS, BENCH_MM_TFLOPS);
+    printf(
+        "\n== bench: bf16, B=%d T=%d C=%zu NH=%d Vp=%d (median of 20; floors %.1f TB/s copy, %.0f TFLOP/s matmul)\n",
+        b.B, b.T, C, b.NH, b.Vp, BENCH_COPY_TBS, BENCH_MM_TFLOPS);
     printf("%-42s %9s %12s %8s %6s\n", "kernel", "ms", "achieved", "floor ms", "x floor");
     for (int i = 0; i < nrows; i++) {
         b.op = rows[i].op;
@@ -1128,8 +1179,7 @@ static void run_bench(void) {
             ach = rows[i].bytes / (ms * 1e-3) / 1e12 * 1000.0;
             unit = "GB/s";
         }
-        printf("%-42s %9.3f %7.1f %-7s %8.3f %6.2f\n", rows[i].name, ms, ach, unit, floor_ms,
-               ms / floor_ms);
+        printf("%-42s %9.3f %7.1f %-7s %8.3f %6.2f\n", rows[i].name, ms, ach, unit, floor_ms, ms / floor_ms);
         step_ms += ms * rows[i].layers;
     }
     /* a rough step: per layer 2 residual+LN fwd, 4 matmul fwd/bwd, attention

@@ -33,12 +33,11 @@ static void check_pieces(const Layout* L, const ExpPiece* e, int ne, const char*
     CHECK(L->npieces == ne, "%s: npieces %d, expected %d", tag, L->npieces, ne);
     for (int k = 0; k < ne && k < L->npieces; k++) {
         const LayoutPiece* P = &L->pieces[k];
-        CHECK(P->param == e[k].param && P->param_off == e[k].param_off &&
-                  P->buf_off == e[k].buf_off && P->len == e[k].len &&
-                  P->state_off == e[k].state_off && P->owner == e[k].owner,
-              "%s: piece %d = (p%d po%zu b%zu l%zu s%zu r%d), expected (p%d po%zu b%zu l%zu s%zu r%d)",
-              tag, k, P->param, P->param_off, P->buf_off, P->len, P->state_off, P->owner,
-              e[k].param, e[k].param_off, e[k].buf_off, e[k].len, e[k].state_off, e[k].owner);
+        CHECK(P->param == e[k].param && P->param_off == e[k].param_off && P->buf_off == e[k].buf_off &&
+                  P->len == e[k].len && P->state_off == e[k].state_off && P->owner == e[k].owner,
+              "%s: piece %d = (p%d po%zu b%zu l%zu s%zu r%d), expected (p%d po%zu b%zu l%zu s%zu r%d)", tag, k,
+              P->param, P->param_off, P->buf_off, P->len, P->state_off, P->owner, e[k].param, e[k].param_off,
+              e[k].buf_off, e[k].len, e[k].state_off, e[k].owner);
     }
 }
 
@@ -61,24 +60,19 @@ static void test_hand(void) {
     int rc = layout_build(&L, a, 3, 200, 1, 3, 64, err, sizeof err);
     CHECK(rc == 0, "A: build failed: %s", err);
     if (rc == 0) {
-        CHECK(L.total == 1152 && L.total_params == 405, "A: total %zu params %zu", L.total,
-              L.total_params);
+        CHECK(L.total == 1152 && L.total_params == 405, "A: total %zu params %zu", L.total, L.total_params);
         CHECK(L.params[0].offset == 0 && L.params[1].offset == 128 && L.params[2].offset == 768,
               "A: offsets %zu %zu %zu", L.params[0].offset, L.params[1].offset, L.params[2].offset);
         CHECK(L.params[0].bucket == 0 && L.params[1].bucket == 0 && L.params[2].bucket == 1,
               "A: param buckets");
         CHECK(L.nbuckets == 2, "A: nbuckets %d", L.nbuckets);
         if (L.nbuckets == 2) {
-            CHECK(L.buckets[0].start == 0 && L.buckets[0].len == 768 &&
-                      L.buckets[0].slice_len == 256 && L.buckets[0].first_param == 0 &&
-                      L.buckets[0].nparams == 2 && L.buckets[0].group == 0,
-                  "A: bucket 0 (%zu, %zu, %zu)", L.buckets[0].start, L.buckets[0].len,
-                  L.buckets[0].slice_len);
-            CHECK(L.buckets[1].start == 768 && L.buckets[1].len == 384 &&
-                      L.buckets[1].slice_len == 128 && L.buckets[1].first_param == 2 &&
-                      L.buckets[1].nparams == 1 && L.buckets[1].group == 1,
-                  "A: bucket 1 (%zu, %zu, %zu)", L.buckets[1].start, L.buckets[1].len,
-                  L.buckets[1].slice_len);
+            CHECK(L.buckets[0].start == 0 && L.buckets[0].len == 768 && L.buckets[0].slice_len == 256 &&
+                      L.buckets[0].first_param == 0 && L.buckets[0].nparams == 2 && L.buckets[0].group == 0,
+                  "A: bucket 0 (%zu, %zu, %zu)", L.buckets[0].start, L.buckets[0].len, L.buckets[0].slice_len);
+            CHECK(L.buckets[1].start == 768 && L.buckets[1].len == 384 && L.buckets[1].slice_len == 128 &&
+                      L.buckets[1].first_param == 2 && L.buckets[1].nparams == 1 && L.buckets[1].group == 1,
+                  "A: bucket 1 (%zu, %zu, %zu)", L.buckets[1].start, L.buckets[1].len, L.buckets[1].slice_len);
         }
         CHECK(L.ngroups == 2 && L.group_first_bucket[0] == 0 && L.group_first_bucket[1] == 1 &&
                   L.group_first_bucket[2] == 2,
@@ -88,8 +82,8 @@ static void test_hand(void) {
                          {2, 0, 768, 5, 228, 0},
                          {1, 128, 256, 172, 0, 1}};
         check_pieces(&L, e, 4, "A");
-        CHECK(L.rank_first_piece[0] == 0 && L.rank_first_piece[1] == 3 &&
-                  L.rank_first_piece[2] == 4 && L.rank_first_piece[3] == 4,
+        CHECK(L.rank_first_piece[0] == 0 && L.rank_first_piece[1] == 3 && L.rank_first_piece[2] == 4 &&
+                  L.rank_first_piece[3] == 4,
               "A: rank_first_piece %d %d %d %d", L.rank_first_piece[0], L.rank_first_piece[1],
               L.rank_first_piece[2], L.rank_first_piece[3]);
         CHECK(L.rank_owned[0] == 233 && L.rank_owned[1] == 172 && L.rank_owned[2] == 0,
@@ -101,24 +95,21 @@ static void test_hand(void) {
               "A: piece decay flags");
         int n = -1;
         OptPiece* o = layout_opt_pieces(&L, 0, &n);
-        CHECK(n == 3 && o[0].buf_off == 0 && o[0].state_off == 0 && o[0].len == 100 &&
-                  o[0].decay == 1 && o[1].buf_off == 128 && o[1].state_off == 100 &&
-                  o[1].len == 128 && o[1].decay == 0 && o[2].buf_off == 768 &&
-                  o[2].state_off == 228 && o[2].len == 5,
+        CHECK(n == 3 && o[0].buf_off == 0 && o[0].state_off == 0 && o[0].len == 100 && o[0].decay == 1 &&
+                  o[1].buf_off == 128 && o[1].state_off == 100 && o[1].len == 128 && o[1].decay == 0 &&
+                  o[2].buf_off == 768 && o[2].state_off == 228 && o[2].len == 5,
               "A: opt pieces rank 0");
         free(o);
         o = layout_opt_pieces(&L, 1, &n);
-        CHECK(n == 1 && o[0].buf_off == 256 && o[0].state_off == 0 && o[0].len == 172,
-              "A: opt pieces rank 1");
+        CHECK(n == 1 && o[0].buf_off == 256 && o[0].state_off == 0 && o[0].len == 172, "A: opt pieces rank 1");
         free(o);
         o = layout_opt_pieces(&L, 2, &n);
         CHECK(n == 0 && o != NULL, "A: opt pieces rank 2 (empty) n=%d", n);
         free(o);
         o = layout_opt_pieces(&L, -1, &n);
-        CHECK(n == 3 && o[0].buf_off == 0 && o[0].state_off == 0 && o[0].len == 100 &&
-                  o[1].buf_off == 128 && o[1].state_off == 100 && o[1].len == 300 &&
-                  o[2].buf_off == 768 && o[2].state_off == 400 && o[2].len == 5 &&
-                  o[0].decay == 1 && o[1].decay == 0 && o[2].decay == 1,
+        CHECK(n == 3 && o[0].buf_off == 0 && o[0].state_off == 0 && o[0].len == 100 && o[1].buf_off == 128 &&
+                  o[1].state_off == 100 && o[1].len == 300 && o[2].buf_off == 768 && o[2].state_off == 400 &&
+                  o[2].len == 5 && o[0].decay == 1 && o[1].decay == 0 && o[2].decay == 1,
               "A: opt pieces rank -1");
         free(o);
         printf("layout A (numel 100,300,5 align 64 bucket 200 world 3):\n");
@@ -128,21 +119,19 @@ static void test_hand(void) {
 
     /* Same parameters, buckets_per_group 3: one group holding both buckets. */
     rc = layout_build(&L, a, 3, 200, 3, 3, 64, err, sizeof err);
-    CHECK(rc == 0 && L.ngroups == 1 && L.group_first_bucket[0] == 0 &&
-              L.group_first_bucket[1] == 2 && L.buckets[1].group == 0,
+    CHECK(rc == 0 && L.ngroups == 1 && L.group_first_bucket[0] == 0 && L.group_first_bucket[1] == 2 &&
+              L.buckets[1].group == 0,
           "A3: groups");
     if (rc == 0) layout_free(&L);
 
     /* B: numel {1, 130}, align 1, bucket_size 1, world 1: a bucket per param.
      * m = 128. b0 [0,128) p0 at 0; b1 at 128, p1 [128,258), len 256. total 384. */
-    LayoutParamSpec b[2] = {{.name = "b0", .numel = 1, .decay = 0},
-                            {.name = "b1", .numel = 130, .decay = 1}};
+    LayoutParamSpec b[2] = {{.name = "b0", .numel = 1, .decay = 0}, {.name = "b1", .numel = 130, .decay = 1}};
     rc = layout_build(&L, b, 2, 1, 1, 1, 1, err, sizeof err);
     CHECK(rc == 0, "B: build failed: %s", err);
     if (rc == 0) {
-        CHECK(L.nbuckets == 2 && L.total == 384 && L.params[1].offset == 128 &&
-                  L.buckets[0].len == 128 && L.buckets[1].start == 128 &&
-                  L.buckets[1].len == 256 && L.buckets[1].slice_len == 256,
+        CHECK(L.nbuckets == 2 && L.total == 384 && L.params[1].offset == 128 && L.buckets[0].len == 128 &&
+                  L.buckets[1].start == 128 && L.buckets[1].len == 256 && L.buckets[1].slice_len == 256,
               "B: buckets/offsets");
         ExpPiece e[2] = {{0, 0, 0, 1, 0, 0}, {1, 0, 128, 130, 1, 0}};
         check_pieces(&L, e, 2, "B");
@@ -153,13 +142,11 @@ static void test_hand(void) {
      * m = lcm(5, 128, 8) = 640. p0 [0,3), p1 at 8 -> [8,1008); len 1280, slice 256.
      * r0: p0 [0,3) s0, p1 [8,256) po0 s3. r1: p1 [256,512) po248. r2: [512,768) po504.
      * r3: [768,1008) po760 len 240. r4: none. */
-    LayoutParamSpec c[2] = {{.name = "c0", .numel = 3, .decay = 0},
-                            {.name = "c1", .numel = 1000, .decay = 1}};
+    LayoutParamSpec c[2] = {{.name = "c0", .numel = 3, .decay = 0}, {.name = "c1", .numel = 1000, .decay = 1}};
     rc = layout_build(&L, c, 2, 10000, 1, 5, 8, err, sizeof err);
     CHECK(rc == 0, "C: build failed: %s", err);
     if (rc == 0) {
-        CHECK(L.nbuckets == 1 && L.total == 1280 && L.params[1].offset == 8 &&
-                  L.buckets[0].slice_len == 256,
+        CHECK(L.nbuckets == 1 && L.total == 1280 && L.params[1].offset == 8 && L.buckets[0].slice_len == 256,
               "C: bucket %zu offset %zu", L.total, L.params[1].offset);
         ExpPiece e[5] = {{0, 0, 0, 3, 0, 0},
                          {1, 0, 8, 248, 3, 0},
@@ -192,7 +179,7 @@ static void test_hand(void) {
 typedef struct {
     long layouts, pieces, elements;
     double max_pad_pct;
-    long chunked, chunks;   /* specs with a row length; layout parameters added by cutting */
+    long chunked, chunks; /* specs with a row length; layout parameters added by cutting */
 } Stats;
 
 /* ---- the expected expansion of specs into layout parameters, recomputed
@@ -200,7 +187,7 @@ typedef struct {
 typedef struct {
     size_t numel, spec_off;
     int spec, decay;
-    int brk;   /* a bucket must start at this parameter */
+    int brk; /* a bucket must start at this parameter */
 } ExpParam;
 
 /* Rows per chunk, by brute force: the smallest unit u (u * row_len divisible
@@ -226,13 +213,13 @@ static int expand_specs(const LayoutParamSpec* s, int n, size_t bsz, int world, 
         size_t rl = s[p].row_len;
         size_t rows = rl ? s[p].numel / rl : 1;
         size_t cr = rl ? ref_chunk_rows(rows, rl, s[p].row_align, bsz, world, align) : rows;
-        if (cr >= rows) {   /* whole: a bucket break if asked, or after a cut spec */
+        if (cr >= rows) { /* whole: a bucket break if asked, or after a cut spec */
             if (k < cap) e[k] = (ExpParam){s[p].numel, 0, p, s[p].decay, s[p].new_bucket || after_cut};
             k++;
             after_cut = 0;
             continue;
         }
-        for (size_t r0 = 0; r0 < rows; r0 += cr) {   /* every chunk starts a bucket */
+        for (size_t r0 = 0; r0 < rows; r0 += cr) { /* every chunk starts a bucket */
             size_t nr = rows - r0 < cr ? rows - r0 : cr;
             if (k < cap) e[k] = (ExpParam){nr * rl, r0 * rl, p, s[p].decay, 1};
             k++;
@@ -244,17 +231,17 @@ static int expand_specs(const LayoutParamSpec* s, int n, size_t bsz, int world, 
 
 /* Checks every invariant of L against the specs it was built from. When
  * mark_ok, also marks each element (buffer and per parameter) one by one. */
-static void check_layout(const Layout* L, const LayoutParamSpec* s, int ns, size_t bsz, int bpg,
-                         int world, size_t align, int mark_ok, Stats* st, const char* tag) {
+static void check_layout(const Layout* L, const LayoutParamSpec* s, int ns, size_t bsz, int bpg, int world,
+                         size_t align, int mark_ok, Stats* st, const char* tag) {
     int fails0 = test_failed;
-#define REQ(cond, ...)                                                                          \
-    do {                                                                                        \
-        if (cond) {                                                                             \
-            test_passed++;                                                                      \
-        } else {                                                                                \
-            CHECK(0, __VA_ARGS__);                                                              \
-            if (test_failed - fails0 > 5) goto out;                                             \
-        }                                                                                       \
+#define REQ(cond, ...)                              \
+    do {                                            \
+        if (cond) {                                 \
+            test_passed++;                          \
+        } else {                                    \
+            CHECK(0, __VA_ARGS__);                  \
+            if (test_failed - fails0 > 5) goto out; \
+        }                                           \
     } while (0)
     int cap = ns * (LAYOUT_MAX_ROW_CHUNKS + 1);
     ExpParam* E = malloc(sizeof *E * (size_t)cap);
@@ -274,8 +261,7 @@ static void check_layout(const Layout* L, const LayoutParamSpec* s, int ns, size
     for (int b = 0; b < L->nbuckets; b++) {
         const LayoutBucket* B = &L->buckets[b];
         REQ(B->start == pos, "%s: bucket %d start %zu, expected %zu", tag, b, B->start, pos);
-        REQ(B->len > 0 && B->len % m == 0, "%s: bucket %d len %zu not a multiple of %zu", tag, b,
-            B->len, m);
+        REQ(B->len > 0 && B->len % m == 0, "%s: bucket %d len %zu not a multiple of %zu", tag, b, B->len, m);
         REQ(B->start % align == 0, "%s: bucket %d start %zu not aligned", tag, b, B->start);
         REQ(B->slice_len * (size_t)world == B->len, "%s: bucket %d slices unequal", tag, b);
         REQ(B->first_param == nextp && B->nparams >= 1, "%s: bucket %d param range", tag, b);
@@ -289,8 +275,7 @@ static void check_layout(const Layout* L, const LayoutParamSpec* s, int ns, size
         REQ(fill <= B->len, "%s: bucket %d params run past its end", tag, b);
         /* minimal padding: len is the smallest multiple of lcm(m, align) >= fill */
         size_t mm = ref_lcm(m, align);
-        REQ(B->len == (fill + mm - 1) / mm * mm, "%s: bucket %d len %zu, fill %zu", tag, b, B->len,
-            fill);
+        REQ(B->len == (fill + mm - 1) / mm * mm, "%s: bucket %d len %zu, fill %zu", tag, b, B->len, fill);
         /* it closed when full, or because the next parameter starts a bucket */
         if (b < L->nbuckets - 1)
             REQ(fill >= bsz || E[lp + 1].brk, "%s: bucket %d holds %zu < %zu", tag, b, fill, bsz);
@@ -318,18 +303,18 @@ static void check_layout(const Layout* L, const LayoutParamSpec* s, int ns, size
         REQ(P->offset % align == 0, "%s: param %d offset %zu not aligned", tag, p, P->offset);
         REQ(P->bucket >= 0 && P->bucket < L->nbuckets, "%s: param %d bucket", tag, p);
         const LayoutBucket* B = &L->buckets[P->bucket];
-        REQ(p >= B->first_param && p < B->first_param + B->nparams, "%s: param %d bucket %d", tag,
-            p, P->bucket);
+        REQ(p >= B->first_param && p < B->first_param + B->nparams, "%s: param %d bucket %d", tag, p,
+            P->bucket);
         REQ(P->offset >= B->start && P->offset + P->numel <= B->start + B->len,
             "%s: param %d outside its bucket", tag, p);
         if (p > 0 && p != B->first_param) {
             size_t pe = L->params[p - 1].offset + L->params[p - 1].numel;
-            REQ(P->offset == (pe + align - 1) / align * align,
-                "%s: param %d at %zu, previous ends at %zu", tag, p, P->offset, pe);
+            REQ(P->offset == (pe + align - 1) / align * align, "%s: param %d at %zu, previous ends at %zu", tag,
+                p, P->offset, pe);
         }
         if (p > 0)
-            REQ(P->offset >= L->params[p - 1].offset + L->params[p - 1].numel,
-                "%s: params %d and %d overlap", tag, p - 1, p);
+            REQ(P->offset >= L->params[p - 1].offset + L->params[p - 1].numel, "%s: params %d and %d overlap",
+                tag, p - 1, p);
         /* row chunks: no gap, the chunks of a spec are one contiguous range,
          * and every chunk but the last fills its bucket exactly */
         if (P->spec_off > 0) {
@@ -348,8 +333,7 @@ static void check_layout(const Layout* L, const LayoutParamSpec* s, int ns, size
     REQ(L->ngroups == ng, "%s: ngroups %d != %d", tag, L->ngroups, ng);
     for (int g = 0; g <= ng; g++) {
         int want = g < ng ? g * bpg : L->nbuckets;
-        REQ(L->group_first_bucket[g] == want, "%s: group %d first %d", tag, g,
-            L->group_first_bucket[g]);
+        REQ(L->group_first_bucket[g] == want, "%s: group %d first %d", tag, g, L->group_first_bucket[g]);
     }
 
     /* expected number of pieces: per param, the count of distinct owners of its elements */
@@ -361,10 +345,9 @@ static void check_layout(const Layout* L, const LayoutParamSpec* s, int ns, size
         size_t r1 = (P->offset + P->numel - 1 - B->start) / B->slice_len;
         exp_np += (long)(r1 - r0 + 1);
     }
-    REQ(L->npieces == exp_np, "%s: npieces %d, expected %ld (not maximal runs?)", tag, L->npieces,
-        exp_np);
-    REQ(L->rank_first_piece[0] == 0 && L->rank_first_piece[world] == L->npieces,
-        "%s: rank_first_piece ends", tag);
+    REQ(L->npieces == exp_np, "%s: npieces %d, expected %ld (not maximal runs?)", tag, L->npieces, exp_np);
+    REQ(L->rank_first_piece[0] == 0 && L->rank_first_piece[world] == L->npieces, "%s: rank_first_piece ends",
+        tag);
 
     /* pieces: sorted by (owner, buf_off), inside owner's slice and their param,
      * state_off contiguous from 0 per rank, sums match rank_owned */
@@ -379,22 +362,20 @@ static void check_layout(const Layout* L, const LayoutParamSpec* s, int ns, size
             REQ(Q->param >= 0 && Q->param < n, "%s: piece %d param %d", tag, k, Q->param);
             const LayoutParam* P = &L->params[Q->param];
             const LayoutBucket* B = &L->buckets[P->bucket];
-            REQ(Q->len > 0 && Q->param_off + Q->len <= P->numel, "%s: piece %d past its param", tag,
-                k);
+            REQ(Q->len > 0 && Q->param_off + Q->len <= P->numel, "%s: piece %d past its param", tag, k);
             REQ(Q->buf_off == P->offset + Q->param_off, "%s: piece %d buf_off", tag, k);
             size_t s0 = B->start + (size_t)r * B->slice_len;
             REQ(Q->buf_off >= s0 && Q->buf_off + Q->len <= s0 + B->slice_len,
                 "%s: piece %d outside rank %d's slice of bucket %d", tag, k, r, P->bucket);
             REQ(Q->decay == P->decay, "%s: piece %d decay", tag, k);
-            REQ(Q->state_off == state, "%s: rank %d piece %d state_off %zu, expected %zu", tag, r,
-                k, Q->state_off, state);
+            REQ(Q->state_off == state, "%s: rank %d piece %d state_off %zu, expected %zu", tag, r, k,
+                Q->state_off, state);
             if (k > a)
                 REQ(L->pieces[k - 1].buf_off + L->pieces[k - 1].len <= Q->buf_off,
                     "%s: rank %d pieces %d,%d not sorted/disjoint", tag, r, k - 1, k);
             state += Q->len;
         }
-        REQ(L->rank_owned[r] == state, "%s: rank_owned[%d] %zu != %zu", tag, r, L->rank_owned[r],
-            state);
+        REQ(L->rank_owned[r] == state, "%s: rank_owned[%d] %zu != %zu", tag, r, L->rank_owned[r], state);
         REQ(layout_owned(L, r) == state, "%s: layout_owned(%d)", tag, r);
         owned_sum += state;
 
@@ -403,8 +384,8 @@ static void check_layout(const Layout* L, const LayoutParamSpec* s, int ns, size
         REQ(o != NULL && no == e - a, "%s: layout_opt_pieces(%d) count %d", tag, r, no);
         for (int k = 0; k < no; k++) {
             const LayoutPiece* Q = &L->pieces[a + k];
-            if (o[k].buf_off != Q->buf_off || o[k].state_off != Q->state_off ||
-                o[k].len != Q->len || o[k].decay != Q->decay) {
+            if (o[k].buf_off != Q->buf_off || o[k].state_off != Q->state_off || o[k].len != Q->len ||
+                o[k].decay != Q->decay) {
                 CHECK(0, "%s: opt piece %d of rank %d differs", tag, k, r);
                 break;
             }
@@ -419,8 +400,8 @@ static void check_layout(const Layout* L, const LayoutParamSpec* s, int ns, size
     REQ(no == n, "%s: opt pieces(-1) count %d", tag, no);
     size_t state = 0;
     for (int p = 0; p < n; p++) {
-        if (o[p].buf_off != L->params[p].offset || o[p].len != E[p].numel ||
-            o[p].state_off != state || o[p].decay != E[p].decay) {
+        if (o[p].buf_off != L->params[p].offset || o[p].len != E[p].numel || o[p].state_off != state ||
+            o[p].decay != E[p].decay) {
             CHECK(0, "%s: opt pieces(-1) param %d", tag, p);
             break;
         }
@@ -511,15 +492,15 @@ static void test_random(void) {
         int bpg = 1 + (int)(rng_u64(&rng) % 3);
         size_t bsz;
         switch (li % 4) {
-            case 0: bsz = 1 + rng_u64(&rng) % 64; break;          /* tiny: ~a bucket per param */
-            case 1: bsz = 1 + rng_u64(&rng) % 20000; break;
-            case 2: bsz = tp + 1 + rng_u64(&rng) % 1000; break;    /* larger than the total */
-            default: bsz = 1 + rng_u64(&rng) % (tp + 1); break;
+        case 0: bsz = 1 + rng_u64(&rng) % 64; break; /* tiny: ~a bucket per param */
+        case 1: bsz = 1 + rng_u64(&rng) % 20000; break;
+        case 2: bsz = tp + 1 + rng_u64(&rng) % 1000; break; /* larger than the total */
+        default: bsz = 1 + rng_u64(&rng) % (tp + 1); break;
         }
         for (int world = 1; world <= 64; world++) {
             Layout L;
-            snprintf(tag, sizeof tag, "list %d (n %d, bsz %zu, align %zu, bpg %d) world %d", li, n,
-                     bsz, align, bpg, world);
+            snprintf(tag, sizeof tag, "list %d (n %d, bsz %zu, align %zu, bpg %d) world %d", li, n, bsz, align,
+                     bpg, world);
             int rc = layout_build(&L, s, n, bsz, bpg, world, align, err, sizeof err);
             CHECK(rc == 0, "%s: build failed: %s", tag, err);
             if (rc) continue;
@@ -591,7 +572,8 @@ static void test_chunks_hand(void) {
                              {.name = "wpe", .numel = 500, .decay = 1},
                              {.name = "wte", .numel = 3200, .decay = 1, .row_len = 32},
                              {.name = "tail", .numel = 10, .decay = 0}};
-    CHECK(layout_chunk_rows(100, 32, 0, 1000, 3, 64) == 24, "chunk rows (100 x 32, bsz 1000, world 3): %zu, expected 24",
+    CHECK(layout_chunk_rows(100, 32, 0, 1000, 3, 64) == 24,
+          "chunk rows (100 x 32, bsz 1000, world 3): %zu, expected 24",
           layout_chunk_rows(100, 32, 0, 1000, 3, 64));
     int rc = layout_build(&L, sp, 4, 1000, 1, 3, 64, err, sizeof err);
     CHECK(rc == 0, "chunks: build failed: %s", err);
@@ -607,21 +589,22 @@ static void test_chunks_hand(void) {
               "chunks: %d params, %d specs, %d buckets, total %zu, params %zu", L.nparams, L.nspecs, L.nbuckets,
               L.total, L.total_params);
         for (int p = 0; p < 8 && p < L.nparams; p++)
-            CHECK(L.params[p].offset == off[p] && L.params[p].numel == numel[p] && L.params[p].spec == spec[p] &&
-                      L.params[p].spec_off == soff[p] && L.params[p].bucket == bucket[p] &&
-                      L.params[p].decay == sp[spec[p]].decay && L.params[p].name == sp[spec[p]].name,
-                  "chunks: param %d = (off %zu numel %zu spec %d spec_off %zu bucket %d), expected (%zu %zu %d %zu %d)",
-                  p, L.params[p].offset, L.params[p].numel, L.params[p].spec, L.params[p].spec_off,
-                  L.params[p].bucket, off[p], numel[p], spec[p], soff[p], bucket[p]);
+            CHECK(
+                L.params[p].offset == off[p] && L.params[p].numel == numel[p] && L.params[p].spec == spec[p] &&
+                    L.params[p].spec_off == soff[p] && L.params[p].bucket == bucket[p] &&
+                    L.params[p].decay == sp[spec[p]].decay && L.params[p].name == sp[spec[p]].name,
+                "chunks: param %d = (off %zu numel %zu spec %d spec_off %zu bucket %d), expected (%zu %zu %d %zu %d)",
+                p, L.params[p].offset, L.params[p].numel, L.params[p].spec, L.params[p].spec_off,
+                L.params[p].bucket, off[p], numel[p], spec[p], soff[p], bucket[p]);
         for (int b = 0; b < 7 && b < L.nbuckets; b++)
             CHECK(L.buckets[b].start == bstart[b] && L.buckets[b].len == blen[b] &&
                       L.buckets[b].slice_len == blen[b] / 3,
-                  "chunks: bucket %d = (%zu, %zu), expected (%zu, %zu)", b, L.buckets[b].start, L.buckets[b].len,
-                  bstart[b], blen[b]);
+                  "chunks: bucket %d = (%zu, %zu), expected (%zu, %zu)", b, L.buckets[b].start,
+                  L.buckets[b].len, bstart[b], blen[b]);
         /* no gap, by hand: wte's chunks one after the other from wte's offset */
         for (int k = 0; k < 5 && 2 + k < L.nparams; k++)
-            CHECK(L.params[2 + k].offset == 768 + (size_t)k * 24 * 32, "chunks: chunk %d at %zu, expected %zu", k,
-                  L.params[2 + k].offset, 768 + (size_t)k * 24 * 32);
+            CHECK(L.params[2 + k].offset == 768 + (size_t)k * 24 * 32, "chunks: chunk %d at %zu, expected %zu",
+                  k, L.params[2 + k].offset, 768 + (size_t)k * 24 * 32);
         /* the first chunk's pieces: one per rank, 256 each */
         int seen = 0;
         for (int k = 0; k < L.npieces; k++)
@@ -650,7 +633,8 @@ static void test_chunks_hand(void) {
     CHECK(layout_chunk_rows(100, 32, 0, 3200, 3, 64) == 100, "chunk rows when it fits: %zu",
           layout_chunk_rows(100, 32, 0, 3200, 3, 64));
     /* new_bucket on a plain spec: b closes the bucket of a although 5 + 5 < 1000 */
-    LayoutParamSpec nb[3] = {{.name = "a", .numel = 5}, {.name = "b", .numel = 5, .new_bucket = 1},
+    LayoutParamSpec nb[3] = {{.name = "a", .numel = 5},
+                             {.name = "b", .numel = 5, .new_bucket = 1},
                              {.name = "c", .numel = 5}};
     rc = layout_build(&L, nb, 3, 1000, 1, 2, 64, err, sizeof err);
     CHECK(rc == 0 && L.nbuckets == 2 && L.params[1].offset == 128 && L.params[1].bucket == 1 &&
@@ -660,7 +644,8 @@ static void test_chunks_hand(void) {
     /* a row length that does not divide numel is refused */
     LayoutParamSpec badrl[1] = {{.name = "odd_rows", .numel = 100, .row_len = 7}};
     rc = layout_build(&L, badrl, 1, 10, 1, 1, 64, err, sizeof err);
-    CHECK(rc == -1 && strstr(err, "odd_rows") && strstr(err, "row length"), "row_len 7 of 100 accepted: '%s'", err);
+    CHECK(rc == -1 && strstr(err, "odd_rows") && strstr(err, "row length"), "row_len 7 of 100 accepted: '%s'",
+          err);
     printf("rejected (row length): %s\n", err);
 }
 
@@ -675,9 +660,10 @@ static void test_chunks_gpt2(void) {
         for (int bi = 0; bi < 5; bi++)
             for (int world = 1; world <= 8; world++) {
                 size_t C = chans[ci], bsz = bszs[bi];
-                LayoutParamSpec sp[3] = {{.name = "lnf", .numel = 2 * C, .decay = 0},
-                                         {.name = "wpe", .numel = maxT * C, .decay = 1},
-                                         {.name = "wte", .numel = Vp * C, .decay = 1, .row_len = C, .row_align = 64}};
+                LayoutParamSpec sp[3] = {
+                    {.name = "lnf", .numel = 2 * C, .decay = 0},
+                    {.name = "wpe", .numel = maxT * C, .decay = 1},
+                    {.name = "wte", .numel = Vp * C, .decay = 1, .row_len = C, .row_align = 64}};
                 Layout L;
                 snprintf(tag, sizeof tag, "gpt2 C %zu bucket %zu world %d", C, bsz, world);
                 if (layout_build(&L, sp, 3, bsz, 1, world, 64, err, sizeof err) != 0) {
@@ -692,7 +678,8 @@ static void test_chunks_gpt2(void) {
                 size_t cr = layout_chunk_rows(Vp, C, 64, bsz, world, 64);
                 int K = L.nparams - 2;
                 int first = 2;
-                CHECK(L.params[1].spec == 1 && L.params[1].offset + L.params[1].numel <= L.params[first].offset &&
+                CHECK(L.params[1].spec == 1 &&
+                          L.params[1].offset + L.params[1].numel <= L.params[first].offset &&
                           (Vp * C <= bsz || L.params[1].bucket < L.params[first].bucket),
                       "%s: wpe is not before wte (in an earlier bucket when wte is cut)", tag);
                 if (Vp * C <= bsz) {
@@ -710,14 +697,15 @@ static void test_chunks_gpt2(void) {
                               L.params[first].offset + (size_t)k * cr * C);
                         if (k < K - 1)
                             CHECK(P->numel == cr * C && P->numel % M == 0 && P->numel % 64 == 0 &&
-                                      L.buckets[P->bucket].len == P->numel && L.buckets[P->bucket].start == P->offset,
-                                  "%s: chunk %d (%zu elements) not a whole bucket divisible by %zu and 64", tag, k,
-                                  P->numel, M);
+                                      L.buckets[P->bucket].len == P->numel &&
+                                      L.buckets[P->bucket].start == P->offset,
+                                  "%s: chunk %d (%zu elements) not a whole bucket divisible by %zu and 64", tag,
+                                  k, P->numel, M);
                     }
                 }
                 if (C == 768 && (bsz == 4000000 || bsz == 1000000) && (world == 1 || world == 3 || world == 8))
-                    printf("gpt2 C 768, bucket %zu, world %d: wte in %d chunk(s) of %zu rows (%zu elements)\n", bsz,
-                           world, K, cr, cr * C);
+                    printf("gpt2 C 768, bucket %zu, world %d: wte in %d chunk(s) of %zu rows (%zu elements)\n",
+                           bsz, world, K, cr, cr * C);
                 layout_free(&L);
             }
     printf("gpt2 shapes: %ld layouts, %ld chunks added by cutting\n", st.layouts, st.chunks);
@@ -741,8 +729,7 @@ static int expect_fatal_opt(const Layout* L, int rank) {
 static void test_bad(void) {
     char err[256];
     Layout L;
-    LayoutParamSpec ok[2] = {{.name = "x", .numel = 10, .decay = 0},
-                             {.name = "y", .numel = 20, .decay = 1}};
+    LayoutParamSpec ok[2] = {{.name = "x", .numel = 10, .decay = 0}, {.name = "y", .numel = 20, .decay = 1}};
     LayoutParamSpec zero[2] = {{.name = "x", .numel = 10, .decay = 0},
                                {.name = "zero_param", .numel = 0, .decay = 1}};
     struct {
@@ -768,12 +755,11 @@ static void test_bad(void) {
     for (int i = 0; i < nc; i++) {
         memset(&L, 0x5a, sizeof L);
         err[0] = '\0';
-        int rc = layout_build(&L, cases[i].s, cases[i].n, cases[i].bsz, cases[i].bpg,
-                              cases[i].world, cases[i].align, err, sizeof err);
+        int rc = layout_build(&L, cases[i].s, cases[i].n, cases[i].bsz, cases[i].bpg, cases[i].world,
+                              cases[i].align, err, sizeof err);
         CHECK(rc == -1, "bad %s: accepted", cases[i].what);
         CHECK(strstr(err, cases[i].needle) != NULL && strchr(err, '\n') == NULL,
-              "bad %s: message '%s' should name '%s' on one line", cases[i].what, err,
-              cases[i].needle);
+              "bad %s: message '%s' should name '%s' on one line", cases[i].what, err, cases[i].needle);
         CHECK(L.params == NULL && L.pieces == NULL, "bad %s: layout not left empty", cases[i].what);
         layout_free(&L); /* must be safe on a failed build */
         if (i == 0) printf("rejected (%s): %s\n", cases[i].what, err);

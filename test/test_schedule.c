@@ -56,14 +56,13 @@ static void check_hand(PPScheduleKind kind, int P, int V, int m, int p, const ch
     char err[256];
     int nw = parse_ops(expected, want, MAXN);
     int n = pp_schedule(kind, P, V, m, p, got, err, sizeof err);
-    CHECK(n == nw, "%s P=%d V=%d m=%d rank %d: %d ops, expected %d (%s)", pp_schedule_name(kind), P, V, m,
-          p, n, nw, err);
+    CHECK(n == nw, "%s P=%d V=%d m=%d rank %d: %d ops, expected %d (%s)", pp_schedule_name(kind), P, V, m, p, n,
+          nw, err);
     for (int k = 0; k < n && k < nw; k++) {
         int same = got[k].kind == want[k].kind && got[k].chunk == want[k].chunk &&
                    got[k].micro == want[k].micro && (want[k].slot < 0 || got[k].slot == want[k].slot);
-        CHECK(same, "%s P=%d V=%d m=%d rank %d op %d: %c%d.%d@%d, expected %c%d.%d@%d",
-              pp_schedule_name(kind), P, V, m, p, k, got[k].kind == PP_FWD ? 'F' : 'B', got[k].chunk,
-              got[k].micro, got[k].slot,
+        CHECK(same, "%s P=%d V=%d m=%d rank %d op %d: %c%d.%d@%d, expected %c%d.%d@%d", pp_schedule_name(kind),
+              P, V, m, p, k, got[k].kind == PP_FWD ? 'F' : 'B', got[k].chunk, got[k].micro, got[k].slot,
               want[k].kind == PP_FWD ? 'F' : 'B', want[k].chunk, want[k].micro, want[k].slot);
         if (!same) break;
     }
@@ -110,8 +109,12 @@ static int ref_order(PPScheduleKind kind, int P, int V, int m, int backward, int
             for (int k = 0; k < m; k++, n++) v[n] = c, i[n] = k;
         if (backward) {
             for (int a = 0, b = n - 1; a < b; a++, b--) {
-                int t = v[a]; v[a] = v[b]; v[b] = t;
-                t = i[a]; i[a] = i[b]; i[b] = t;
+                int t = v[a];
+                v[a] = v[b];
+                v[b] = t;
+                t = i[a];
+                i[a] = i[b];
+                i[b] = t;
             }
         }
     } else {
@@ -174,8 +177,8 @@ static int check_list(PPScheduleKind kind, int P, int V, int m, int p, const PPO
         CHECK(pp_max_inflight(ops, n, v) == peak[v] && max_slot + 1 == peak[v],
               "%s chunk %d: pp_max_inflight %d, slots used %d, direct scan %d", tag, v,
               pp_max_inflight(ops, n, v), max_slot + 1, peak[v]);
-        CHECK(pp_last_backward(ops, n, v) == last_b[v], "%s chunk %d: pp_last_backward %d, direct scan %d",
-              tag, v, pp_last_backward(ops, n, v), last_b[v]);
+        CHECK(pp_last_backward(ops, n, v) == last_b[v], "%s chunk %d: pp_last_backward %d, direct scan %d", tag,
+              v, pp_last_backward(ops, n, v), last_b[v]);
     }
     CHECK(pp_max_inflight(ops, n, -1) == total_peak, "%s: pp_max_inflight(-1) %d, direct scan %d", tag,
           pp_max_inflight(ops, n, -1), total_peak);
@@ -209,8 +212,8 @@ static int check_list(PPScheduleKind kind, int P, int V, int m, int p, const PPO
     }
     /* activation bounds */
     if (kind == PP_1F1B)
-        CHECK(total_peak == imin(P - p, m), "%s: peak in flight %d, expected min(P-p, m) = %d", tag,
-              total_peak, imin(P - p, m));
+        CHECK(total_peak == imin(P - p, m), "%s: peak in flight %d, expected min(P-p, m) = %d", tag, total_peak,
+              imin(P - p, m));
     if (kind == PP_GPIPE) CHECK(total_peak == V * m, "%s: peak in flight %d, expected V*m", tag, total_peak);
     if (kind == PP_INTERLEAVED) {
         int bound = imin(2 * (P - p - 1) + (V - 1) * P + 1, V * m);
@@ -303,8 +306,7 @@ static void test_brute(void) {
                             CHECK(r.peak_inflight[0] <= P, "%s: first stage holds %d > P", ttag,
                                   r.peak_inflight[0]);
                         if (kind == PP_GPIPE)
-                            CHECK(r.peak_inflight[0] == V * m, "%s: GPipe holds %d", ttag,
-                                  r.peak_inflight[0]);
+                            CHECK(r.peak_inflight[0] == V * m, "%s: GPipe holds %d", ttag, r.peak_inflight[0]);
                         /* exactly (P-1)/(V*m): idle * V * m == (P-1) * busy (integers) */
                         int exact = r.idle[0] * V * m == (P - 1) * r.busy;
                         CHECK(r.ideal_bubble == (double)(P - 1) / (V * m), "%s: ideal %g", ttag,
@@ -327,9 +329,8 @@ static void test_brute(void) {
                             if (m % P != 0 && m >= 2 && r.bubble / r1.bubble > worst_ratio)
                                 worst_ratio = r.bubble / r1.bubble;
                             if (m >= 2)
-                                CHECK(r.bubble < r1.bubble,
-                                      "%s: interleaved bubble %.4f not below 1F1B's %.4f", ttag, r.bubble,
-                                      r1.bubble);
+                                CHECK(r.bubble < r1.bubble, "%s: interleaved bubble %.4f not below 1F1B's %.4f",
+                                      ttag, r.bubble, r1.bubble);
                             else
                                 CHECK(r.bubble == r1.bubble, "%s: one micro-batch: %.4f vs 1F1B's %.4f", ttag,
                                       r.bubble, r1.bubble);
@@ -380,8 +381,7 @@ static void test_naive_interleaved(void) {
                                     mine[k].micro == ops[p][k].micro;
                     }
                 }
-                CHECK(same, "interleaved P=%d V=%d m=%d: pp_schedule differs from the direct reading", P, V,
-                      m);
+                CHECK(same, "interleaved P=%d V=%d m=%d: pp_schedule differs from the direct reading", P, V, m);
                 PPSimResult r;
                 if (m % P == 0) {
                     CHECK(pp_simulate_ops(P, V, m, lists, 1, 2, NULL, &r, err, sizeof err) == 0, "%s", err);
@@ -485,8 +485,7 @@ static void test_split(void) {
             /* the extras: the ends take none while the middle has room; chunk 0 before the last */
             int base = L / n, r = L % n;
             if (n >= 2 && r <= n - 2) ok &= first[1] - first[0] == base && first[n] - first[n - 1] == base;
-            if (n >= 2 && r == n - 1)
-                ok &= first[1] - first[0] == base + 1 && first[n] - first[n - 1] == base;
+            if (n >= 2 && r == n - 1) ok &= first[1] - first[0] == base + 1 && first[n] - first[n - 1] == base;
             /* the middle chunks with an extra layer are the last ones of the middle */
             for (int c = 2; c < n - 1; c++) ok &= first[c + 1] - first[c] >= first[c] - first[c - 1];
             CHECK(ok, "split %d/%d: sizes wrong (sum %d, min %d, max %d)", L, n, sum, lo, hi);
@@ -510,9 +509,12 @@ static void test_args(void) {
     CHECK(pp_schedule_kind(1, "zb", &k, err, sizeof err) == -1 && one_line(err), "unknown name accepted");
     CHECK(pp_schedule_kind(0, "1f1b", &k, err, sizeof err) == -1, "V=0 accepted");
     CHECK(strcmp(pp_schedule_name(PP_INTERLEAVED), "interleaved") == 0, "name");
-    struct { PPScheduleKind kind; int P, V, m, p; } bad[] = {
-        {PP_1F1B, 2, 2, 4, 0}, {PP_INTERLEAVED, 2, 1, 4, 0}, {PP_INTERLEAVED, 1, 2, 4, 0},
-        {PP_1F1B, 0, 1, 4, 0}, {PP_1F1B, 2, 1, 0, 0},        {PP_1F1B, 2, 1, 4, 2},
+    struct {
+        PPScheduleKind kind;
+        int P, V, m, p;
+    } bad[] = {
+        {PP_1F1B, 2, 2, 4, 0},  {PP_INTERLEAVED, 2, 1, 4, 0},    {PP_INTERLEAVED, 1, 2, 4, 0},
+        {PP_1F1B, 0, 1, 4, 0},  {PP_1F1B, 2, 1, 0, 0},           {PP_1F1B, 2, 1, 4, 2},
         {PP_1F1B, 2, 1, 4, -1}, {(PPScheduleKind)7, 2, 1, 4, 0},
     };
     for (size_t t = 0; t < sizeof bad / sizeof bad[0]; t++) {
@@ -573,10 +575,8 @@ static int print_table(int P, int V, int m, const char* name, int tf, int tb) {
             char cell[16] = ".";
             if (k < n && starts[p][k] <= t) {
                 const PPOp* o = &lists[p][k];
-                if (V == 1)
-                    snprintf(cell, sizeof cell, "%c%d", o->kind == PP_FWD ? 'F' : 'B', o->micro);
-                else
-                    snprintf(cell, sizeof cell, "%c%d.%d", o->kind == PP_FWD ? 'F' : 'B', o->chunk, o->micro);
+                if (V == 1) snprintf(cell, sizeof cell, "%c%d", o->kind == PP_FWD ? 'F' : 'B', o->micro);
+                else snprintf(cell, sizeof cell, "%c%d.%d", o->kind == PP_FWD ? 'F' : 'B', o->chunk, o->micro);
             }
             len += snprintf(line + len, cap - len, " %-*s", w, cell);
         }

@@ -40,7 +40,7 @@ static int build_random(Layout* L, LayoutParamSpec* specs, int* np, int world) {
         specs[i].name = "p";
         specs[i].numel = rnd() % 4 == 0 ? rnd_in(1, 20) : rnd_in(1, 3000);
         specs[i].decay = (int)(rnd() & 1);
-        if (rnd() % 8 == 0) {   /* a matrix the layout may cut into row chunks (ZeRO-2's wte) */
+        if (rnd() % 8 == 0) { /* a matrix the layout may cut into row chunks (ZeRO-2's wte) */
             specs[i].row_len = rnd_in(1, 64);
             specs[i].numel = specs[i].row_len * rnd_in(1, 400);
             specs[i].row_align = rnd() % 2 ? 0 : 8;
@@ -81,12 +81,13 @@ static void test_random_layouts(void) {
             CHECK(n1 == n2, "it %d rank %d: %d shard pieces for %d pieces", it, r, n2, n1);
             size_t covered = 0;
             for (int k = 0; k < n1 && k < n2; k++) {
-                CHECK(sp[k].buf_off == op[k].buf_off && sp[k].len == op[k].len && sp[k].state_off == op[k].state_off &&
-                          sp[k].decay == op[k].decay,
+                CHECK(sp[k].buf_off == op[k].buf_off && sp[k].len == op[k].len &&
+                          sp[k].state_off == op[k].state_off && sp[k].decay == op[k].decay,
                       "it %d rank %d piece %d: fields differ from layout_opt_pieces", it, r, k);
                 int b = -1;
                 for (int bb = 0; bb < L.nbuckets; bb++)
-                    if (op[k].buf_off >= L.buckets[bb].start && op[k].buf_off < L.buckets[bb].start + L.buckets[bb].len)
+                    if (op[k].buf_off >= L.buckets[bb].start &&
+                        op[k].buf_off < L.buckets[bb].start + L.buckets[bb].len)
                         b = bb;
                 if (b < 0) {
                     CHECK(0, "it %d: piece outside every bucket", it);
@@ -99,8 +100,8 @@ static void test_random_layouts(void) {
                 size_t want = base + (op[k].buf_off - sstart);
                 CHECK(op[k].buf_off >= sstart && op[k].buf_off + op[k].len <= sstart + slice,
                       "it %d rank %d piece %d: outside the rank's slice", it, r, k);
-                CHECK(sp[k].grad_off == want, "it %d rank %d piece %d: shard offset %zu, expected %zu", it, r, k,
-                      sp[k].grad_off, want);
+                CHECK(sp[k].grad_off == want, "it %d rank %d piece %d: shard offset %zu, expected %zu", it, r,
+                      k, sp[k].grad_off, want);
                 CHECK(sp[k].grad_off >= base && sp[k].grad_off + sp[k].len <= base + slice,
                       "it %d rank %d piece %d: outside the bucket's part of the shard", it, r, k);
                 int twice = 0;
@@ -111,8 +112,8 @@ static void test_random_layouts(void) {
                 CHECK(!twice, "it %d rank %d piece %d: shard element covered twice", it, r, k);
                 covered += sp[k].len;
             }
-            CHECK(covered == layout_owned(&L, r), "it %d rank %d: %zu shard elements for %zu owned", it, r, covered,
-                  layout_owned(&L, r));
+            CHECK(covered == layout_owned(&L, r), "it %d rank %d: %zu shard elements for %zu owned", it, r,
+                  covered, layout_owned(&L, r));
             free(op);
             free(sp);
         }
@@ -140,7 +141,8 @@ static void test_hand(void) {
     }
     size_t* off = layout_shard_offsets(&L);
     CHECK(L.nbuckets == 2 && off[0] == 0 && off[1] == 256 && off[2] == 320,
-          "hand: %d buckets, shard offsets %zu %zu %zu (expected 0 256 320)", L.nbuckets, off[0], off[1], off[2]);
+          "hand: %d buckets, shard offsets %zu %zu %zu (expected 0 256 320)", L.nbuckets, off[0], off[1],
+          off[2]);
     int n;
     OptPiece* sp = layout_shard_pieces(&L, 1, &n);
     CHECK(n == 1 && sp[0].grad_off == 0 && sp[0].len == 144 && sp[0].state_off == 0,
@@ -187,8 +189,9 @@ static void test_optimizer(void) {
         optimizer_init(&B, be, &(OptBuffer){.params = pB, .grads = gshard, .pieces = sp, .npieces = n2}, 1);
         for (int step = 0; step < 3; step++) {
             for (size_t i = 0; i < total; i++) gfull[i] = (float)((double)(rnd() % 20001) / 1e5 - 0.1);
-            for (int k = 0; k < n1; k++)   /* the rank's gradients, copied into its shard */
-                memcpy(gshard + B.bufs[0].pieces[k].grad_off, gfull + A.bufs[0].pieces[k].grad_off, B.bufs[0].pieces[k].len * sizeof(float));
+            for (int k = 0; k < n1; k++) /* the rank's gradients, copied into its shard */
+                memcpy(gshard + B.bufs[0].pieces[k].grad_off, gfull + A.bufs[0].pieces[k].grad_off,
+                       B.bufs[0].pieces[k].len * sizeof(float));
             optimizer_step(&A, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.7f, 11u + (uint32_t)step);
             optimizer_step(&B, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.7f, 11u + (uint32_t)step);
         }
@@ -199,7 +202,8 @@ static void test_optimizer(void) {
         for (int k = 0; k < n1; k++)
             for (size_t e = 0; e < A.bufs[0].pieces[k].len; e++)
                 if (pA[A.bufs[0].pieces[k].buf_off + e] != p_init[A.bufs[0].pieces[k].buf_off + e]) moved = 1;
-        CHECK(same, "optimizer case %d (world %d, rank %d): shard step differs from full-buffer step", it, world, r);
+        CHECK(same, "optimizer case %d (world %d, rank %d): shard step differs from full-buffer step", it,
+              world, r);
         CHECK(n1 == 0 || moved, "optimizer case %d: nothing was updated", it);
         if (!same) bad++;
         cases++;

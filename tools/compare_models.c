@@ -71,7 +71,10 @@ int main(int argc, char** argv) {
         all_d2 += d2;
         all_r2 += r2;
         double rel = r2 > 0 ? sqrt(d2 / r2) : sqrt(d2);
-        if (rel > worst) { worst = rel; worst_name = tt->name; }
+        if (rel > worst) {
+            worst = rel;
+            worst_name = tt->name;
+        }
     }
     double whole = all_r2 > 0 ? sqrt(all_d2 / all_r2) : sqrt(all_d2);
     printf("compare_models: %zu of %zu values differ; model rel diff %.3e; worst tensor %s rel diff %.3e\n",

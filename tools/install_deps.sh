@@ -2,7 +2,7 @@
 # tools/install_deps.sh — installs what building and testing need, from
 # Debian's packages, only where it is missing: a C compiler and make, Open MPI
 # (mpicc, mpirun), Node.js and npm (the reference tokenizer of the BPE test),
-# gnuplot (plots), SLURM and munge (test/test_slurm.sh starts a one-machine
+# gnuplot (plots), clang-format (tools/format.sh, which CI runs), SLURM and munge (test/test_slurm.sh starts a one-machine
 # cluster; without their recommended extra plugins) and, with --data, the King
 # James Bible (default dataset).
 set -eu
@@ -13,6 +13,7 @@ command -v mpicc >/dev/null || want+=(openmpi-bin libopenmpi-dev)
 command -v node >/dev/null || want+=(nodejs)
 command -v npm >/dev/null || want+=(npm)
 command -v gnuplot >/dev/null || want+=(gnuplot-nox)
+command -v clang-format >/dev/null || want+=(clang-format)
 slurm=()
 for c in slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client munged:munge; do
     command -v "${c%%:*}" >/dev/null || slurm+=("${c#*:}")

@@ -25,7 +25,10 @@ int main(int argc, char** argv) {
     uint16_t* tok = xmalloc(sizeof(uint16_t) * (size_t)n);
     int state = 0;
     for (long long i = 0; i < n; i++) {
-        if (i % 97 == 0) { tok[i] = 50256; continue; }
+        if (i % 97 == 0) {
+            tok[i] = 50256;
+            continue;
+        }
         uint64_t u = rng_u64(&r) % 16;
         state = u < 12 ? succ[state * 4 + (int)(u % 4)] : (int)(rng_u64(&r) % (uint64_t)used);
         tok[i] = (uint16_t)((state * 97) % 50000);

@@ -37,7 +37,7 @@
 #include "../common/util.h"
 
 #define NB_MAX_SIZES 64
-#define NB_MAX_CHECK (4ull << 20)   /* elements checked at most (the first size, capped) */
+#define NB_MAX_CHECK (4ull << 20) /* elements checked at most (the first size, capped) */
 
 typedef enum { OP_ALLREDUCE = 0, OP_REDUCESCATTER, OP_ALLGATHER, OP_COUNT } BenchOp;
 static const char* const op_names[OP_COUNT] = {"allreduce", "reducescatter", "allgather"};
@@ -45,8 +45,8 @@ static const char* const op_names[OP_COUNT] = {"allreduce", "reducescatter", "al
 typedef struct {
     size_t sizes[NB_MAX_SIZES];
     int nsizes;
-    int ops[OP_COUNT];      /* 1 = run */
-    int dtypes[2];          /* [0] bf16, [1] fp32 */
+    int ops[OP_COUNT]; /* 1 = run */
+    int dtypes[2];     /* [0] bf16, [1] fp32 */
     int warmup, iters, check;
 } BenchArgs;
 
@@ -54,7 +54,7 @@ typedef struct {
     int rank, world, local_rank, local_size;
     ncclComm_t nccl;
     cudaStream_t stream;
-    void *send, *recv;      /* device, max_bytes each */
+    void *send, *recv; /* device, max_bytes each */
     size_t max_bytes;
 } Bench;
 
@@ -85,7 +85,7 @@ static void bench_agree(const Bench* b, int bad, const char* msg) {
     MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (first == INT_MAX) return;
     if (first == b->rank) fatal("%s", msg);
-    MPI_Barrier(MPI_COMM_WORLD);   /* never completes: the failing rank aborts the job */
+    MPI_Barrier(MPI_COMM_WORLD); /* never completes: the failing rank aborts the job */
     exit(1);
 }
 
@@ -127,8 +127,10 @@ static const char* bench_parse_list(const char* flag, const char* val, BenchArgs
         if (strcmp(flag, "--sizes") == 0) {
             size_t v;
             if (!bench_parse_size(tok, &v)) {
-                snprintf(msg, msglen, "nccl_bench: --sizes: '%s' is not a positive element count "
-                         "(integer, optional suffix K M G Ki Mi Gi, at most 4e9)", tok);
+                snprintf(msg, msglen,
+                         "nccl_bench: --sizes: '%s' is not a positive element count "
+                         "(integer, optional suffix K M G Ki Mi Gi, at most 4e9)",
+                         tok);
                 return msg;
             }
             if (a->nsizes == NB_MAX_SIZES) {
@@ -141,7 +143,8 @@ static const char* bench_parse_list(const char* flag, const char* val, BenchArgs
             for (int o = 0; o < OP_COUNT; o++)
                 if (strcmp(tok, op_names[o]) == 0) k = o;
             if (k < 0) {
-                snprintf(msg, msglen, "nccl_bench: --ops: unknown op '%s' (allreduce, reducescatter, allgather)", tok);
+                snprintf(msg, msglen,
+                         "nccl_bench: --ops: unknown op '%s' (allreduce, reducescatter, allgather)", tok);
                 return msg;
             }
             a->ops[k] = 1;
@@ -175,21 +178,22 @@ static const char* bench_parse_int(const char* flag, const char* val, int lo, in
 }
 
 static void bench_usage(void) {
-    printf("usage: mpirun -np N build/nccl_bench [--sizes LIST] [--ops LIST] [--dtypes LIST]\n"
-           "                                     [--warmup K] [--iters K] [--check 0|1]\n"
-           "  --sizes   elements of the full buffer, comma-separated; K M G = 1e3 1e6 1e9, Ki Mi Gi = 2^10..2^30\n"
-           "            (default: GPT-2 124M's bucket sizes 4720896, 39423744, the whole model 124475904,\n"
-           "            and 1Mi 2Mi 4Mi ... 256Mi)\n"
-           "  --ops     allreduce,reducescatter,allgather (default: all three)\n"
-           "  --dtypes  bf16,fp32 (default: both)\n"
-           "  --warmup  untimed calls per size [5];  --iters  timed calls per size [20]\n"
-           "  --check   1 = check each op's result once on exact integer data first [1]\n");
+    printf(
+        "usage: mpirun -np N build/nccl_bench [--sizes LIST] [--ops LIST] [--dtypes LIST]\n"
+        "                                     [--warmup K] [--iters K] [--check 0|1]\n"
+        "  --sizes   elements of the full buffer, comma-separated; K M G = 1e3 1e6 1e9, Ki Mi Gi = 2^10..2^30\n"
+        "            (default: GPT-2 124M's bucket sizes 4720896, 39423744, the whole model 124475904,\n"
+        "            and 1Mi 2Mi 4Mi ... 256Mi)\n"
+        "  --ops     allreduce,reducescatter,allgather (default: all three)\n"
+        "  --dtypes  bf16,fp32 (default: both)\n"
+        "  --warmup  untimed calls per size [5];  --iters  timed calls per size [20]\n"
+        "  --check   1 = check each op's result once on exact integer data first [1]\n");
 }
 
 /* Returns NULL, or a message; sets *help for --help. */
 static const char* bench_parse_args(int argc, char** argv, BenchArgs* a, int* help, char* msg, size_t msglen) {
-    static const size_t dflt[] = {1u << 20, 2u << 20, 4u << 20, 4720896, 8u << 20, 16u << 20, 32u << 20,
-                                  39423744, 64u << 20, 124475904, 128u << 20, 256u << 20};
+    static const size_t dflt[] = {1u << 20,  2u << 20, 4u << 20,  4720896,   8u << 20,   16u << 20,
+                                  32u << 20, 39423744, 64u << 20, 124475904, 128u << 20, 256u << 20};
     memset(a, 0, sizeof *a);
     a->nsizes = (int)(sizeof dflt / sizeof dflt[0]);
     memcpy(a->sizes, dflt, sizeof dflt);
@@ -219,8 +223,9 @@ static const char* bench_parse_args(int argc, char** argv, BenchArgs* a, int* he
             val = i + 1 < argc ? argv[i + 1] : NULL;
             i++;
         }
-        int known = strcmp(name, "--sizes") == 0 || strcmp(name, "--ops") == 0 || strcmp(name, "--dtypes") == 0 ||
-                    strcmp(name, "--warmup") == 0 || strcmp(name, "--iters") == 0 || strcmp(name, "--check") == 0;
+        int known = strcmp(name, "--sizes") == 0 || strcmp(name, "--ops") == 0 ||
+                    strcmp(name, "--dtypes") == 0 || strcmp(name, "--warmup") == 0 ||
+                    strcmp(name, "--iters") == 0 || strcmp(name, "--check") == 0;
         if (!known) {
             snprintf(msg, msglen, "nccl_bench: unknown argument '%s' (see --help)", f);
             return msg;
@@ -231,7 +236,8 @@ static const char* bench_parse_args(int argc, char** argv, BenchArgs* a, int* he
         }
         const char* err = NULL;
         if (strcmp(name, "--warmup") == 0) err = bench_parse_int(name, val, 0, 1000, &a->warmup, msg, msglen);
-        else if (strcmp(name, "--iters") == 0) err = bench_parse_int(name, val, 1, 100000, &a->iters, msg, msglen);
+        else if (strcmp(name, "--iters") == 0)
+            err = bench_parse_int(name, val, 1, 100000, &a->iters, msg, msglen);
         else if (strcmp(name, "--check") == 0) err = bench_parse_int(name, val, 0, 1, &a->check, msg, msglen);
         else err = bench_parse_list(name, val, a, msg, msglen);
         if (err) return err;
@@ -244,14 +250,18 @@ static const char* bench_parse_args(int argc, char** argv, BenchArgs* a, int* he
 static size_t bench_esize(int fp32) { return fp32 ? 4 : 2; }
 
 /* full element count rounded up to a multiple of world */
-static size_t bench_full(const Bench* b, size_t n) { return (n + (size_t)b->world - 1) / (size_t)b->world * (size_t)b->world; }
+static size_t bench_full(const Bench* b, size_t n) {
+    return (n + (size_t)b->world - 1) / (size_t)b->world * (size_t)b->world;
+}
 
 static void bench_launch(Bench* b, BenchOp op, int fp32, size_t full) {
     ncclDataType_t dt = fp32 ? ncclFloat32 : ncclBfloat16;
     size_t part = full / (size_t)b->world;
     switch (op) {
     case OP_ALLREDUCE: NCCL_OK(ncclAllReduce(b->send, b->recv, full, dt, ncclSum, b->nccl, b->stream)); break;
-    case OP_REDUCESCATTER: NCCL_OK(ncclReduceScatter(b->send, b->recv, part, dt, ncclSum, b->nccl, b->stream)); break;
+    case OP_REDUCESCATTER:
+        NCCL_OK(ncclReduceScatter(b->send, b->recv, part, dt, ncclSum, b->nccl, b->stream));
+        break;
     case OP_ALLGATHER: NCCL_OK(ncclAllGather(b->send, b->recv, part, dt, b->nccl, b->stream)); break;
     default: fatal("internal: nccl_bench op %d", (int)op);
     }
@@ -288,7 +298,7 @@ static void bench_check(Bench* b, BenchOp op, int fp32, size_t n) {
     size_t in_off = op == OP_ALLGATHER ? (size_t)b->rank * part : 0;
     for (size_t i = 0; i < in_n; i++) bench_put(h, i, fp32, bench_value(b->rank, in_off + i));
     CUDA_OK(cudaMemcpy(b->send, h, in_n * es, cudaMemcpyHostToDevice));
-    CUDA_OK(cudaMemset(b->recv, 0xff, out_n * es));   /* NaN-ish garbage: a missing write shows */
+    CUDA_OK(cudaMemset(b->recv, 0xff, out_n * es)); /* NaN-ish garbage: a missing write shows */
     bench_launch(b, op, fp32, full);
     bench_sync(b);
     CUDA_OK(cudaMemcpy(h, b->recv, out_n * es, cudaMemcpyDeviceToHost));
@@ -297,22 +307,28 @@ static void bench_check(Bench* b, BenchOp op, int fp32, size_t n) {
     size_t first_bad = 0;
     float got_bad = 0, want_bad = 0;
     for (size_t i = 0; i < out_n; i++) {
-        size_t g = out_off + i;   /* index in the full buffer */
+        size_t g = out_off + i; /* index in the full buffer */
         float want = 0;
         if (op == OP_ALLGATHER) want = bench_value((int)(g / part), g);
         else
             for (int r = 0; r < b->world; r++) want += bench_value(r, g);
         float got = bench_get(h, i, fp32);
         if (got != want) {
-            if (!bad) { first_bad = g; got_bad = got; want_bad = want; }
+            if (!bad) {
+                first_bad = g;
+                got_bad = got;
+                want_bad = want;
+            }
             bad++;
         }
     }
     free(h);
     char msg[256];
-    snprintf(msg, sizeof msg, "nccl_bench: %s %s of %zu elements gave a wrong result on rank %d: %lld wrong "
-             "elements, first at %zu: %g instead of %g", op_names[op], fp32 ? "fp32" : "bf16", full, b->rank,
-             bad, first_bad, (double)got_bad, (double)want_bad);
+    snprintf(msg, sizeof msg,
+             "nccl_bench: %s %s of %zu elements gave a wrong result on rank %d: %lld wrong "
+             "elements, first at %zu: %g instead of %g",
+             op_names[op], fp32 ? "fp32" : "bf16", full, b->rank, bad, first_bad, (double)got_bad,
+             (double)want_bad);
     bench_agree(b, bad != 0, msg);
 }
 
@@ -357,7 +373,10 @@ int main(int argc, char** argv) {
     char msg[512];
     const char* err = bench_parse_args(argc, argv, &a, &help, msg, sizeof msg);
     if (err && b->rank == 0) fatal("%s", err);
-    if (err) { MPI_Barrier(MPI_COMM_WORLD); exit(1); }
+    if (err) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        exit(1);
+    }
     if (help) {
         if (b->rank == 0) bench_usage();
         MPI_Finalize();
@@ -372,8 +391,10 @@ int main(int argc, char** argv) {
                  cudaGetErrorString(ce));
         ngpu = 0;
     } else {
-        snprintf(msg, sizeof msg, "nccl_bench: %d ranks on one host but %d GPU(s) visible there: run one rank "
-                 "per GPU (mpirun -np N with N <= GPUs per host)", b->local_size, ngpu);
+        snprintf(msg, sizeof msg,
+                 "nccl_bench: %d ranks on one host but %d GPU(s) visible there: run one rank "
+                 "per GPU (mpirun -np N with N <= GPUs per host)",
+                 b->local_size, ngpu);
     }
     bench_agree(b, ngpu < 1 || b->local_rank >= ngpu, msg);
     CUDA_OK(cudaSetDevice(b->local_rank));
@@ -386,8 +407,10 @@ int main(int argc, char** argv) {
     b->max_bytes = maxn * (a.dtypes[1] ? 4 : 2);
     size_t free_b = 0, total_b = 0;
     CUDA_OK(cudaMemGetInfo(&free_b, &total_b));
-    snprintf(msg, sizeof msg, "nccl_bench: --sizes: two buffers of %zu bytes do not fit in the %zu bytes free on "
-             "GPU %d of rank %d", b->max_bytes, free_b, b->local_rank, b->rank);
+    snprintf(msg, sizeof msg,
+             "nccl_bench: --sizes: two buffers of %zu bytes do not fit in the %zu bytes free on "
+             "GPU %d of rank %d",
+             b->max_bytes, free_b, b->local_rank, b->rank);
     bench_agree(b, 2 * b->max_bytes + (256u << 20) > free_b, msg);
     CUDA_OK(cudaMalloc(&b->send, b->max_bytes));
     CUDA_OK(cudaMalloc(&b->recv, b->max_bytes));
@@ -428,7 +451,8 @@ int main(int argc, char** argv) {
             printf("# %12s %14s %6s %11s %11s %11s\n", "elements", "bytes", "dtype", "time(us)", "algbw(GB/s)",
                    "busbw(GB/s)");
         }
-        double factor = op == OP_ALLREDUCE ? 2.0 * (b->world - 1) / b->world : (double)(b->world - 1) / b->world;
+        double factor =
+            op == OP_ALLREDUCE ? 2.0 * (b->world - 1) / b->world : (double)(b->world - 1) / b->world;
         for (int i = 0; i < a.nsizes; i++)
             for (int d = 0; d < 2; d++) {
                 if (!a.dtypes[d]) continue;
@@ -437,8 +461,8 @@ int main(int argc, char** argv) {
                 double bytes = (double)full * (double)bench_esize(d);
                 double algbw = bytes / t / 1e9;
                 if (b->rank == 0) {
-                    printf("  %12zu %14.0f %6s %11.1f %11.2f %11.2f\n", full, bytes, d ? "fp32" : "bf16", t * 1e6,
-                           algbw, algbw * factor);
+                    printf("  %12zu %14.0f %6s %11.1f %11.2f %11.2f\n", full, bytes, d ? "fp32" : "bf16",
+                           t * 1e6, algbw, algbw * factor);
                     fflush(stdout);
                 }
             }

@@ -28,7 +28,8 @@
 #define HEADER_INTS 256
 
 static void usage(FILE* f) {
-    fprintf(f,
+    fprintf(
+        f,
         "usage: prepare_data --vocab_dir DIR --input FILE [FILE ...] --out_dir DIR [options]\n"
         "Encodes text with GPT-2's byte-level BPE into llm.c token shards:\n"
         "  OUT/[NAME_]train_NNNNNN.bin, OUT/[NAME_]val_NNNNNN.bin (header of 256 int32: 20240520, 1,\n"
@@ -77,11 +78,11 @@ typedef struct {
     int ninputs;
     DocSep doc_sep;
     double val_fraction;
-    long long val_docs;          /* -1: use val_fraction */
+    long long val_docs; /* -1: use val_fraction */
     ValPick val_pick;
     long long shard_tokens;
-    int invalid_utf8;            /* 0 bytes, 1 replace, 2 error */
-    long long heap_min;          /* -1: the library's default */
+    int invalid_utf8;   /* 0 bytes, 1 replace, 2 error */
+    long long heap_min; /* -1: the library's default */
 } Options;
 
 static const char* need_value(int argc, char** argv, int* i) {
@@ -110,7 +111,8 @@ static void parse_args(int argc, char** argv, Options* o) {
             o->out_dir = need_value(argc, argv, &i);
         } else if (!strcmp(a, "--name")) {
             o->name = need_value(argc, argv, &i);
-            if (!o->name[0] || strchr(o->name, '/')) fatal("--name must be a non-empty file name prefix without '/'");
+            if (!o->name[0] || strchr(o->name, '/'))
+                fatal("--name must be a non-empty file name prefix without '/'");
         } else if (!strcmp(a, "--input")) {
             int before = o->ninputs;
             while (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) o->inputs[o->ninputs++] = argv[++i];
@@ -135,7 +137,8 @@ static void parse_args(int argc, char** argv, Options* o) {
             else fatal("--val_pick must be first, last or spread, not '%s'", v);
         } else if (!strcmp(a, "--shard_tokens")) {
             o->shard_tokens = parse_int_flag(a, need_value(argc, argv, &i));
-            if (o->shard_tokens < 1 || o->shard_tokens > 2147483647LL) fatal("--shard_tokens must be in [1, 2^31-1]");
+            if (o->shard_tokens < 1 || o->shard_tokens > 2147483647LL)
+                fatal("--shard_tokens must be in [1, 2^31-1]");
         } else if (!strcmp(a, "--invalid_utf8")) {
             const char* v = need_value(argc, argv, &i);
             if (!strcmp(v, "bytes")) o->invalid_utf8 = 0;
@@ -157,7 +160,8 @@ static void parse_args(int argc, char** argv, Options* o) {
             fatal("unknown argument '%s' (see --help)", a);
         }
     }
-    if (o->mode != MODE_CLASSES && o->mode != MODE_PIECES && !o->vocab_dir) fatal("missing --vocab_dir DIR (see --help)");
+    if (o->mode != MODE_CLASSES && o->mode != MODE_PIECES && !o->vocab_dir)
+        fatal("missing --vocab_dir DIR (see --help)");
     if (o->mode == MODE_PREPARE) {
         if (o->ninputs == 0) fatal("missing --input FILE (see --help)");
         if (!o->out_dir) fatal("missing --out_dir DIR (see --help)");
@@ -205,7 +209,8 @@ static void mkdir_p(const char* dir) {
         if (*s == '/' || *s == 0) {
             char c = *s;
             *s = 0;
-            if (mkdir(p, 0755) != 0 && errno != EEXIST) fatal("cannot create output folder %s: %s", p, strerror(errno));
+            if (mkdir(p, 0755) != 0 && errno != EEXIST)
+                fatal("cannot create output folder %s: %s", p, strerror(errno));
             *s = c;
             if (c == 0) break;
         }
@@ -232,15 +237,15 @@ static void finish_file(FILE* f, const char* tmp, const char* final_path) {
 
 typedef struct {
     const char* out_dir;
-    char prefix[512];            /* "NAME_train_" or "train_" */
+    char prefix[512]; /* "NAME_train_" or "train_" */
     long long shard_tokens;
     FILE* f;
     char path[1200], tmp[1300];
-    long long in_shard;          /* tokens in the open shard */
-    long long total;             /* tokens of the split */
+    long long in_shard; /* tokens in the open shard */
+    long long total;    /* tokens of the split */
     long long docs;
     int nshards;
-    uint8_t* buf;                /* little-endian uint16 staging */
+    uint8_t* buf; /* little-endian uint16 staging */
     size_t buf_cap;
 } ShardWriter;
 
@@ -273,7 +278,7 @@ static void shard_write(ShardWriter* w, const int32_t* ids, size_t n) {
             snprintf(w->tmp, sizeof w->tmp, "%s.tmp.%ld", w->path, (long)getpid());
             w->f = xfopen(w->tmp, "wb");
             uint8_t header[HEADER_INTS * 4];
-            memset(header, 0, sizeof header);   /* rewritten with the count on close */
+            memset(header, 0, sizeof header); /* rewritten with the count on close */
             xfwrite(header, 1, sizeof header, w->f, w->tmp);
             w->in_shard = 0;
         }
@@ -336,7 +341,7 @@ static int next_doc(const uint8_t* s, size_t n, size_t* pos, DocSep sep, size_t*
         return 1;
     }
     size_t p = *pos;
-    for (;;) {   /* skip blank lines */
+    for (;;) { /* skip blank lines */
         if (p >= n) {
             *pos = n;
             return 0;
@@ -357,7 +362,7 @@ static int next_doc(const uint8_t* s, size_t n, size_t* pos, DocSep sep, size_t*
         }
     }
     *pos = e + 1;
-    if (e > *start && s[e - 1] == '\r') e--;   /* a CRLF document's final line break */
+    if (e > *start && s[e - 1] == '\r') e--; /* a CRLF document's final line break */
     *end = e;
     return 1;
 }
@@ -365,9 +370,9 @@ static int next_doc(const uint8_t* s, size_t n, size_t* pos, DocSep sep, size_t*
 static int pick_val(long long d, long long ndocs, long long nval, ValPick pick) {
     if (nval <= 0) return 0;
     switch (pick) {
-        case PICK_FIRST: return d < nval;
-        case PICK_LAST: return d >= ndocs - nval;
-        default: return (d + 1) * nval / ndocs > d * nval / ndocs;   /* nval evenly spaced */
+    case PICK_FIRST: return d < nval;
+    case PICK_LAST: return d >= ndocs - nval;
+    default: return (d + 1) * nval / ndocs > d * nval / ndocs; /* nval evenly spaced */
     }
 }
 
@@ -388,7 +393,8 @@ static void write_tokenizer(const BpeEncoder* e, const char* out_dir) {
     for (int id = 0; id < e->vocab_size; id++) {
         size_t len;
         const uint8_t* b = bpe_token_bytes(e, id, &len);
-        if (len == 0 || len > 255) fatal("token %d is %zu bytes long: llm.c's tokenizer file holds 1..255", id, len);
+        if (len == 0 || len > 255)
+            fatal("token %d is %zu bytes long: llm.c's tokenizer file holds 1..255", id, len);
         uint8_t l8 = (uint8_t)len;
         xfwrite(&l8, 1, 1, f, tmp);
         xfwrite(b, 1, len, f, tmp);
@@ -420,11 +426,13 @@ static void run_prepare(const Options* o, BpeEncoder* e) {
     if (o->val_docs < 0 && o->val_fraction > 0 && nval == 0) nval = 1;
     if (nval >= ndocs)
         fatal("the input holds %lld document%s: too few for %lld validation document%s and some training "
-              "(try --doc_sep line, or --val_fraction 0)", ndocs, ndocs == 1 ? "" : "s", nval, nval == 1 ? "" : "s");
+              "(try --doc_sep line, or --val_fraction 0)",
+              ndocs, ndocs == 1 ? "" : "s", nval, nval == 1 ? "" : "s");
     mkdir_p(o->out_dir);
     printf("prepare_data: %d input file%s, %.2f MB, %lld documents (%lld train, %lld val), vocab %d, "
-           "unicode classes: %s\n", o->ninputs, o->ninputs == 1 ? "" : "s", in_bytes / 1e6, ndocs, ndocs - nval, nval,
-           e->vocab_size, bpe_unicode_source());
+           "unicode classes: %s\n",
+           o->ninputs, o->ninputs == 1 ? "" : "s", in_bytes / 1e6, ndocs, ndocs - nval, nval, e->vocab_size,
+           bpe_unicode_source());
 
     ShardWriter train, val;
     shard_init(&train, o, "train");
@@ -460,9 +468,10 @@ static void run_prepare(const Options* o, BpeEncoder* e) {
     printf("val:   %lld documents, %lld tokens in %d shard%s\n", val.docs, val.total, val.nshards,
            val.nshards == 1 ? "" : "s");
     printf("encoded %.2f MB into %lld tokens in %.2f s: %.1f MB/s, %.0f tokens/s (%.2f s with I/O; "
-           "piece cache %llu hits, %llu misses)\n", in_bytes / 1e6, train.total + val.total, t_encode,
-           in_bytes / 1e6 / (t_encode > 0 ? t_encode : 1e-9), (double)(train.total + val.total) / (t_encode > 0 ? t_encode : 1e-9),
-           t_all, (unsigned long long)e->cache_hits, (unsigned long long)e->cache_misses);
+           "piece cache %llu hits, %llu misses)\n",
+           in_bytes / 1e6, train.total + val.total, t_encode, in_bytes / 1e6 / (t_encode > 0 ? t_encode : 1e-9),
+           (double)(train.total + val.total) / (t_encode > 0 ? t_encode : 1e-9), t_all,
+           (unsigned long long)e->cache_hits, (unsigned long long)e->cache_misses);
     if (ninvalid)
         printf("warning: %zu invalid UTF-8 sequence%s %s\n", ninvalid, ninvalid == 1 ? "" : "s",
                umode == BPE_UTF8_REPLACE ? "replaced by U+FFFD" : "kept as raw bytes");

@@ -59,26 +59,35 @@ static void args_defaults(Args* a) {
     a->inject_nan_steps = 1;
 }
 
-#define NFLAGS 64   /* capacity of the flag table */
+#define NFLAGS 64 /* capacity of the flag table */
 static int make_flags(Args* a, Flag* f) {
     int n = 0;
-#define FL(nm, ty, p, h) do { if (n >= NFLAGS) fatal("internal: more than %d flags", NFLAGS); f[n++] = (Flag){nm, ty, p, h}; } while (0)
+#define FL(nm, ty, p, h)                                                \
+    do {                                                                \
+        if (n >= NFLAGS) fatal("internal: more than %d flags", NFLAGS); \
+        f[n++] = (Flag){nm, ty, p, h};                                  \
+    } while (0)
     FL("input_bin", F_STR, &a->input_bin, "glob of training token shards (llm.c format)");
     FL("input_val_bin", F_STR, &a->input_val_bin, "glob of validation token shards ('' = none)");
     FL("tokenizer", F_STR, &a->tokenizer, "llm.c tokenizer file, to decode samples");
-    FL("model", F_STR, &a->model, "preset dN (N layers, 64N channels, N heads; d12 = GPT-2 124M) or an llm.c model file");
+    FL("model", F_STR, &a->model,
+       "preset dN (N layers, 64N channels, N heads; d12 = GPT-2 124M) or an llm.c model file");
     FL("n_embd", F_INT, &a->n_embd, "override the preset's channels (0 = preset)");
     FL("n_head", F_INT, &a->n_head, "override the preset's heads (0 = preset)");
-    FL("max_seq_len", F_INT, &a->max_seq_len, "override the preset's maximum sequence length (0 = preset, 1024)");
+    FL("max_seq_len", F_INT, &a->max_seq_len,
+       "override the preset's maximum sequence length (0 = preset, 1024)");
     FL("batch_size", F_INT, &a->batch_size, "micro-batch size B per rank");
     FL("sequence_length", F_INT, &a->sequence_length, "sequence length T");
-    FL("total_batch_size", F_LL, &a->total_batch_size, "tokens per optimizer step (-1 = B*T*ranks); must divide by B*T*ranks: the quotient is the gradient accumulation");
+    FL("total_batch_size", F_LL, &a->total_batch_size,
+       "tokens per optimizer step (-1 = B*T*ranks); must divide by B*T*ranks: the quotient is the gradient accumulation");
     FL("num_iterations", F_INT, &a->num_iterations, "optimizer steps");
     FL("learning_rate", F_FLOAT, &a->learning_rate, "maximum learning rate");
     FL("lr_schedule", F_STR, &a->lr_schedule, "cosine | linear | constant (after warmup)");
     FL("warmup_iters", F_INT, &a->warmup_iters, "linear warmup steps");
-    FL("learning_rate_decay_frac", F_FLOAT, &a->learning_rate_decay_frac, "final learning rate as a fraction of the maximum");
-    FL("weight_decay", F_FLOAT, &a->weight_decay, "AdamW decoupled weight decay (matmul weights and embeddings only)");
+    FL("learning_rate_decay_frac", F_FLOAT, &a->learning_rate_decay_frac,
+       "final learning rate as a fraction of the maximum");
+    FL("weight_decay", F_FLOAT, &a->weight_decay,
+       "AdamW decoupled weight decay (matmul weights and embeddings only)");
     FL("beta1", F_FLOAT, &a->beta1, "AdamW beta1");
     FL("beta2", F_FLOAT, &a->beta2, "AdamW beta2");
     FL("eps", F_FLOAT, &a->eps, "AdamW epsilon");
@@ -87,36 +96,56 @@ static int make_flags(Args* a, Flag* f) {
     FL("val_max_steps", F_INT, &a->val_max_steps, "validation batches per evaluation");
     FL("sample_every", F_INT, &a->sample_every, "print generated text every K steps (0 = never)");
     FL("sample_tokens", F_INT, &a->sample_tokens, "tokens to generate per sample");
-    FL("output_dir", F_STR, &a->output_dir, "write log.jsonl (per-step figures) and checkpoints here ('' = nowhere)");
+    FL("output_dir", F_STR, &a->output_dir,
+       "write log.jsonl (per-step figures) and checkpoints here ('' = nowhere)");
     FL("save_model", F_STR, &a->save_model, "write the final weights to this llm.c model file ('' = no)");
     FL("save_dtype", F_STR, &a->save_dtype, "fp32 (llm.c version 3) | bf16 (version 5) for saved models");
     FL("device", F_STR, &a->device, "auto | cpu | cuda");
     FL("dtype", F_STR, &a->dtype, "auto | fp32 | bf16 (auto: bf16 on cuda, fp32 on cpu)");
     FL("tf32", F_INT, &a->tf32, "allow TF32 matmuls in fp32 mode on cuda (0 | 1)");
-    FL("recompute", F_INT, &a->recompute, "activation recomputation: 0 none, 1 GELU outputs, 2 also layernorm outputs");
-    FL("zero_stage", F_INT, &a->zero_stage, "0 = DDP (all-reduce, full optimizer state), 1 = ZeRO-1 distributed optimizer, 2 = ZeRO-2 (also shards the gradients)");
+    FL("recompute", F_INT, &a->recompute,
+       "activation recomputation: 0 none, 1 GELU outputs, 2 also layernorm outputs");
+    FL("zero_stage", F_INT, &a->zero_stage,
+       "0 = DDP (all-reduce, full optimizer state), 1 = ZeRO-1 distributed optimizer, 2 = ZeRO-2 (also shards the gradients)");
     FL("use_distributed_optimizer", F_SWITCH, &a->zero_stage, "alias of --zero_stage 1 (takes no value)");
-    FL("pipeline_parallel", F_INT, &a->pipeline_parallel, "pipeline stages P: ranks = P x data-parallel replicas; the layers are cut into P x V model chunks");
-    FL("virtual_pipeline_parallel", F_INT, &a->virtual_pipeline_parallel, "model chunks V per pipeline rank (V > 1: interleaved 1F1B; needs P > 1)");
-    FL("pp_schedule", F_STR, &a->pp_schedule, "1f1b (interleaved when V > 1) | gpipe (all forwards, then all backwards: the reference)");
-    FL("check_tied_embedding", F_SWITCH, &a->check_tied_embedding, "testing, pipeline: after every step check that the first and last stage hold bit-identical copies of the tied embedding (takes no value)");
-    FL("pp_reduce_early", F_SWITCH, &a->pp_reduce_early, "testing, pipeline: launch each chunk's gradient reductions in its FIRST backward instead of its last (wrong on purpose) (takes no value)");
-    FL("overlap_param_gather", F_SWITCH, &a->overlap_param_gather, "zero_stage 1/2: overlap the param all-gather with the next forward, which waits per bucket (takes no value)");
-    FL("gather_order", F_STR, &a->gather_order, "testing: launch order of the param all-gathers, forward | reverse (bucket order, which the forward does not follow)");
-    FL("gather_hold", F_INT, &a->gather_hold, "testing, with --overlap_param_gather: 1 = launch each all-gather only when a wait needs it or a later one (the slowest network): a read without its wait would see last step's params");
-    FL("bucket_size", F_LL, &a->bucket_size, "gradient bucket size in ELEMENTS (suffix K or M allowed: 4M = 4,000,000)");
+    FL("pipeline_parallel", F_INT, &a->pipeline_parallel,
+       "pipeline stages P: ranks = P x data-parallel replicas; the layers are cut into P x V model chunks");
+    FL("virtual_pipeline_parallel", F_INT, &a->virtual_pipeline_parallel,
+       "model chunks V per pipeline rank (V > 1: interleaved 1F1B; needs P > 1)");
+    FL("pp_schedule", F_STR, &a->pp_schedule,
+       "1f1b (interleaved when V > 1) | gpipe (all forwards, then all backwards: the reference)");
+    FL("check_tied_embedding", F_SWITCH, &a->check_tied_embedding,
+       "testing, pipeline: after every step check that the first and last stage hold bit-identical copies of the tied embedding (takes no value)");
+    FL("pp_reduce_early", F_SWITCH, &a->pp_reduce_early,
+       "testing, pipeline: launch each chunk's gradient reductions in its FIRST backward instead of its last (wrong on purpose) (takes no value)");
+    FL("overlap_param_gather", F_SWITCH, &a->overlap_param_gather,
+       "zero_stage 1/2: overlap the param all-gather with the next forward, which waits per bucket (takes no value)");
+    FL("gather_order", F_STR, &a->gather_order,
+       "testing: launch order of the param all-gathers, forward | reverse (bucket order, which the forward does not follow)");
+    FL("gather_hold", F_INT, &a->gather_hold,
+       "testing, with --overlap_param_gather: 1 = launch each all-gather only when a wait needs it or a later one (the slowest network): a read without its wait would see last step's params");
+    FL("bucket_size", F_LL, &a->bucket_size,
+       "gradient bucket size in ELEMENTS (suffix K or M allowed: 4M = 4,000,000)");
     FL("buckets_per_group", F_INT, &a->buckets_per_group, "buckets whose reductions launch together");
     FL("comm", F_STR, &a->comm, "auto | nccl | mpi: collective backend");
-    FL("comm_timeout", F_FLOAT, &a->comm_timeout, "seconds before a stuck collective ends the run on every rank");
+    FL("comm_timeout", F_FLOAT, &a->comm_timeout,
+       "seconds before a stuck collective ends the run on every rank");
     FL("shuffle", F_INT, &a->shuffle, "0 = sequential rows, 1 = rows shuffled per epoch (seeded by --seed)");
     FL("seed", F_INT, &a->seed, "seed of weight init, data shuffle and sampling");
-    FL("checkpoint_every", F_INT, &a->checkpoint_every, "save a checkpoint in --output_dir every K steps and at the end (0 = never)");
-    FL("resume", F_SWITCH, &a->resume, "continue from the newest complete checkpoint in --output_dir, at any number of ranks (takes no value)");
-    FL("checkpoint_on_signal", F_SWITCH, &a->checkpoint_on_signal, "on SIGTERM or SIGUSR1 (any rank): stop after the step in progress, save a checkpoint in --output_dir and exit 75, for --resume (without it: exit 128+signal, no checkpoint) (takes no value)");
-    FL("checkpoints_keep", F_INT, &a->checkpoints_keep, "keep only the newest K complete checkpoints (0 = keep all)");
-    FL("max_bad_steps", F_INT, &a->max_bad_steps, "stop after K steps in a row with a non-finite loss or grad norm (each is skipped)");
-    FL("inject_nan_at_step", F_INT, &a->inject_nan_at_step, "testing aid: poison steps K .. K+inject_nan_steps-1 (as printed, from 1) on the last rank, alternately a NaN gradient and an infinite loss (0 = off)");
-    FL("inject_nan_steps", F_INT, &a->inject_nan_steps, "testing aid: how many steps in a row --inject_nan_at_step poisons");
+    FL("checkpoint_every", F_INT, &a->checkpoint_every,
+       "save a checkpoint in --output_dir every K steps and at the end (0 = never)");
+    FL("resume", F_SWITCH, &a->resume,
+       "continue from the newest complete checkpoint in --output_dir, at any number of ranks (takes no value)");
+    FL("checkpoint_on_signal", F_SWITCH, &a->checkpoint_on_signal,
+       "on SIGTERM or SIGUSR1 (any rank): stop after the step in progress, save a checkpoint in --output_dir and exit 75, for --resume (without it: exit 128+signal, no checkpoint) (takes no value)");
+    FL("checkpoints_keep", F_INT, &a->checkpoints_keep,
+       "keep only the newest K complete checkpoints (0 = keep all)");
+    FL("max_bad_steps", F_INT, &a->max_bad_steps,
+       "stop after K steps in a row with a non-finite loss or grad norm (each is skipped)");
+    FL("inject_nan_at_step", F_INT, &a->inject_nan_at_step,
+       "testing aid: poison steps K .. K+inject_nan_steps-1 (as printed, from 1) on the last rank, alternately a NaN gradient and an infinite loss (0 = off)");
+    FL("inject_nan_steps", F_INT, &a->inject_nan_steps,
+       "testing aid: how many steps in a row --inject_nan_at_step poisons");
 #undef FL
     return n;
 }
@@ -160,7 +189,8 @@ static void parse_flags(Args* a, int argc, char** argv, int rank) {
             if (rank == 0) print_help(a, flags, nf);
             exit(0);
         }
-        if (strncmp(arg, "--", 2) != 0) fatal("unexpected argument '%s' (flags start with --; see --help)", arg);
+        if (strncmp(arg, "--", 2) != 0)
+            fatal("unexpected argument '%s' (flags start with --; see --help)", arg);
         char name[128];
         const char* val = NULL;
         const char* eq = strchr(arg, '=');
@@ -209,7 +239,6 @@ static void check_nonneg(const char* flag, double v) {
     if (v < 0) fatal("flag %s must not be negative (got %g)", flag, v);
 }
 
-
 /* The checks each flag (or a pair of flags) allows alone, and the resolution
  * of the names device, dtype, schedule and save dtype. */
 static void args_check(Args* a) {
@@ -236,29 +265,34 @@ static void args_check(Args* a) {
     check_nonneg("--inject_nan_at_step", a->inject_nan_at_step);
     check_positive("--inject_nan_steps", a->inject_nan_steps);
     if ((a->checkpoint_every > 0 || a->resume || a->checkpoint_on_signal) && !a->output_dir[0])
-        fatal("--checkpoint_every, --checkpoint_on_signal and --resume need --output_dir (the checkpoints live there)");
+        fatal(
+            "--checkpoint_every, --checkpoint_on_signal and --resume need --output_dir (the checkpoints live there)");
     if (a->learning_rate_decay_frac < 0 || a->learning_rate_decay_frac > 1)
         fatal("flag --learning_rate_decay_frac must be in [0, 1] (got %g)", a->learning_rate_decay_frac);
     if (a->beta1 < 0 || a->beta1 >= 1) fatal("flag --beta1 must be in [0, 1) (got %g)", a->beta1);
     if (a->beta2 < 0 || a->beta2 >= 1) fatal("flag --beta2 must be in [0, 1) (got %g)", a->beta2);
     if (a->eps <= 0) fatal("flag --eps must be positive (got %g)", a->eps);
     if (a->zero_stage < 0 || a->zero_stage > 2)
-        fatal("--zero_stage %d is not supported: 0 = DDP, 1 = ZeRO-1 distributed optimizer, 2 = ZeRO-2", a->zero_stage);
+        fatal("--zero_stage %d is not supported: 0 = DDP, 1 = ZeRO-1 distributed optimizer, 2 = ZeRO-2",
+              a->zero_stage);
     check_positive("--pipeline_parallel", a->pipeline_parallel);
     check_positive("--virtual_pipeline_parallel", a->virtual_pipeline_parallel);
     if (a->virtual_pipeline_parallel > 1 && a->pipeline_parallel == 1)
-        fatal("--virtual_pipeline_parallel %d needs --pipeline_parallel > 1 (one stage has nothing to interleave)",
-              a->virtual_pipeline_parallel);
+        fatal(
+            "--virtual_pipeline_parallel %d needs --pipeline_parallel > 1 (one stage has nothing to interleave)",
+            a->virtual_pipeline_parallel);
     if (strcmp(a->pp_schedule, "1f1b") != 0 && strcmp(a->pp_schedule, "gpipe") != 0)
         fatal("--pp_schedule: unknown value '%s' (expected 1f1b or gpipe)", a->pp_schedule);
     if (a->overlap_param_gather && a->zero_stage == 0)
         fatal("--overlap_param_gather needs --zero_stage 1 or 2 (zero_stage 0 has no param all-gather)");
     if (strcmp(a->gather_order, "forward") != 0 && strcmp(a->gather_order, "reverse") != 0)
         fatal("--gather_order: unknown value '%s' (expected forward or reverse)", a->gather_order);
-    if (a->gather_hold != 0 && a->gather_hold != 1) fatal("flag --gather_hold must be 0 or 1 (got %d)", a->gather_hold);
+    if (a->gather_hold != 0 && a->gather_hold != 1)
+        fatal("flag --gather_hold must be 0 or 1 (got %d)", a->gather_hold);
     if (a->gather_hold && !a->overlap_param_gather) fatal("--gather_hold 1 needs --overlap_param_gather");
     if (a->shuffle != 0 && a->shuffle != 1) fatal("flag --shuffle must be 0 or 1 (got %d)", a->shuffle);
-    if (a->recompute < 0 || a->recompute > 2) fatal("flag --recompute must be 0, 1 or 2 (got %d)", a->recompute);
+    if (a->recompute < 0 || a->recompute > 2)
+        fatal("flag --recompute must be 0, 1 or 2 (got %d)", a->recompute);
     if (a->tf32 != 0 && a->tf32 != 1) fatal("flag --tf32 must be 0 or 1 (got %d)", a->tf32);
     if (lr_schedule_parse(a->lr_schedule, &a->sched) != 0)
         fatal("--lr_schedule: unknown schedule '%s' (expected cosine, linear or constant)", a->lr_schedule);
@@ -273,7 +307,8 @@ static void args_check(Args* a) {
     else if (strcmp(a->dtype, "fp32") == 0) a->dt = DTYPE_FP32;
     else if (strcmp(a->dtype, "bf16") == 0) a->dt = DTYPE_BF16;
     else fatal("--dtype: unknown value '%s' (expected auto, fp32 or bf16)", a->dtype);
-    if (!a->use_cuda && a->dt == DTYPE_BF16) fatal("--dtype bf16 needs --device cuda (the CPU backend computes in fp32)");
+    if (!a->use_cuda && a->dt == DTYPE_BF16)
+        fatal("--dtype bf16 needs --device cuda (the CPU backend computes in fp32)");
     if (!a->use_cuda && a->tf32) fatal("--tf32 1 needs --device cuda");
 }
 

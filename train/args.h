@@ -27,26 +27,26 @@ typedef struct {
     float comm_timeout;
     int zero_stage, buckets_per_group;
     long long bucket_size;
-    int overlap_param_gather;   /* zero_stage 1/2: all-gather overlapped with the next forward */
-    const char* gather_order;   /* testing: forward | reverse launch order of the all-gathers */
-    int gather_hold;            /* testing: hold each all-gather back until the forward waits for it */
+    int overlap_param_gather; /* zero_stage 1/2: all-gather overlapped with the next forward */
+    const char* gather_order; /* testing: forward | reverse launch order of the all-gathers */
+    int gather_hold;          /* testing: hold each all-gather back until the forward waits for it */
     /* pipeline parallelism */
     int pipeline_parallel, virtual_pipeline_parallel;
     const char* pp_schedule;
-    int check_tied_embedding;   /* testing: the tied copies compared after every step */
-    int pp_reduce_early;        /* testing: reductions launched in a chunk's first backward */
+    int check_tied_embedding; /* testing: the tied copies compared after every step */
+    int pp_reduce_early;      /* testing: reductions launched in a chunk's first backward */
     /* data order and seeds */
     int shuffle, seed;
     /* checkpoints and faults */
     int checkpoint_every, resume, checkpoints_keep, max_bad_steps;
-    int checkpoint_on_signal;   /* SIGTERM/SIGUSR1: save at the next step boundary, exit 75 (common/stop_signal.h) */
+    int checkpoint_on_signal; /* SIGTERM/SIGUSR1: save at the next step boundary, exit 75 (common/stop_signal.h) */
     int inject_nan_at_step, inject_nan_steps;
 
     /* resolved by args_parse from the flags above */
-    int use_cuda;               /* --device */
-    DType dt;                   /* --dtype */
-    LrSchedule sched;           /* --lr_schedule */
-    int save_version;           /* --save_dtype: llm.c model file version 3 (fp32) or 5 (bf16) */
+    int use_cuda;     /* --device */
+    DType dt;         /* --dtype */
+    LrSchedule sched; /* --lr_schedule */
+    int save_version; /* --save_dtype: llm.c model file version 3 (fp32) or 5 (bf16) */
 } Args;
 
 /* Defaults, then argv; --help prints the table on rank 0 and exits 0. Checks

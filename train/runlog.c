@@ -15,10 +15,12 @@ void runlog_open(RunLog* lg, const char* dir, int rank, int resume_step) {
     lg->active = rank == 0;
     lg->f = NULL;
     if (!dir[0] || rank != 0) return;
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) fatal("--output_dir %s: cannot create: %s", dir, strerror(errno));
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        fatal("--output_dir %s: cannot create: %s", dir, strerror(errno));
     char path[4096], err[1024];
     snprintf(path, sizeof path, "%s/log.jsonl", dir);
-    if (resume_step >= 0 && runlog_trim(path, resume_step, err, sizeof err) != 0) fatal("--output_dir: %s", err);
+    if (resume_step >= 0 && runlog_trim(path, resume_step, err, sizeof err) != 0)
+        fatal("--output_dir: %s", err);
     lg->f = fopen(path, resume_step >= 0 ? "a" : "w");
     if (!lg->f) fatal("--output_dir: cannot write %s: %s", path, strerror(errno));
 }
@@ -37,10 +39,11 @@ void runlog_step(RunLog* lg, const StepLog* s) {
     if (!lg->active) return;
     if (!s->finite) {
         const char* what = !isfinite(s->loss) && !isfinite(s->norm) ? "loss and grad norm"
-                           : !isfinite(s->loss)                      ? "loss"
-                                                                     : "grad norm";
-        printf("step %4d/%d | non-finite %s (loss %g, norm %g): update skipped (%d in a row, --max_bad_steps %d)\n",
-               s->step, s->num_iterations, what, s->loss, s->norm, s->bad_in_a_row, s->max_bad_steps);
+                           : !isfinite(s->loss)                     ? "loss"
+                                                                    : "grad norm";
+        printf(
+            "step %4d/%d | non-finite %s (loss %g, norm %g): update skipped (%d in a row, --max_bad_steps %d)\n",
+            s->step, s->num_iterations, what, s->loss, s->norm, s->bad_in_a_row, s->max_bad_steps);
         json_line(lg, "{\"step\":%d,\"skipped\":1,\"bad_in_a_row\":%d}\n", s->step, s->bad_in_a_row);
         return;
     }
@@ -49,18 +52,20 @@ void runlog_step(RunLog* lg, const StepLog* s) {
     else snprintf(mfus, sizeof mfus, "n/a");
     char bub[64] = "", bubj[32] = "";
     if (s->bubble >= 0) {
-        snprintf(bub, sizeof bub, " | bubble %.1f%% (theory %.1f%%)", 100.0 * s->bubble, 100.0 * s->bubble_theory);
+        snprintf(bub, sizeof bub, " | bubble %.1f%% (theory %.1f%%)", 100.0 * s->bubble,
+                 100.0 * s->bubble_theory);
         snprintf(bubj, sizeof bubj, ",\"bubble\":%.5f", s->bubble);
     }
     printf("step %4d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | mfu %s | "
            "peak %.1f MB alloc, %.1f MB %s%s | eta %dm%02ds\n",
            s->step, s->num_iterations, s->loss, s->lr, s->norm, 1000.0 * s->seconds, s->tokens_per_s, mfus,
-           s->peak_alloc_mb, s->peak_reserved_mb, s->reserved_name, bub, (int)(s->eta_s / 60), (int)s->eta_s % 60);
+           s->peak_alloc_mb, s->peak_reserved_mb, s->reserved_name, bub, (int)(s->eta_s / 60),
+           (int)s->eta_s % 60);
     json_line(lg,
               "{\"step\":%d,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"ms\":%.3f,\"tokens_per_s\":%.1f,"
               "\"mfu\":%.5f,\"peak_alloc_mb\":%.2f,\"peak_reserved_mb\":%.2f%s}\n",
-              s->step, s->loss, s->lr, s->norm, 1000.0 * s->seconds, s->tokens_per_s, s->mfu >= 0 ? s->mfu : 0.0,
-              s->peak_alloc_mb, s->peak_reserved_mb, bubj);
+              s->step, s->loss, s->lr, s->norm, 1000.0 * s->seconds, s->tokens_per_s,
+              s->mfu >= 0 ? s->mfu : 0.0, s->peak_alloc_mb, s->peak_reserved_mb, bubj);
 }
 
 void runlog_val(RunLog* lg, int step, double val_loss) {

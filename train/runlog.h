@@ -17,24 +17,24 @@
 #include <stdio.h>
 
 typedef struct {
-    int active;          /* rank 0: prints and writes */
-    FILE* f;             /* log.jsonl, or NULL without --output_dir */
+    int active; /* rank 0: prints and writes */
+    FILE* f;    /* log.jsonl, or NULL without --output_dir */
 } RunLog;
 
 /* One training step as it is reported. */
 typedef struct {
-    int step, num_iterations;   /* step: completed steps, 1-based as printed */
-    int finite;                 /* 0: the update was skipped */
+    int step, num_iterations; /* step: completed steps, 1-based as printed */
+    int finite;               /* 0: the update was skipped */
     double loss, norm;
     float lr;
     double seconds, tokens_per_s;
-    double mfu;                 /* < 0: not known (CPU) */
+    double mfu; /* < 0: not known (CPU) */
     double peak_alloc_mb, peak_reserved_mb;
-    const char* reserved_name;  /* "reserved" (device) or "rss" (host) */
+    const char* reserved_name; /* "reserved" (device) or "rss" (host) */
     double eta_s;
     int bad_in_a_row, max_bad_steps;
-    double bubble;              /* pipeline: measured bubble fraction; < 0: no pipeline */
-    double bubble_theory;       /* (P - 1) / (V * m) */
+    double bubble;        /* pipeline: measured bubble fraction; < 0: no pipeline */
+    double bubble_theory; /* (P - 1) / (V * m) */
 } StepLog;
 
 /* Rank 0 with dir set: creates dir, opens log.jsonl (resume_step >= 0:

@@ -25,7 +25,8 @@ void optimizer_init(Optimizer* o, Backend* be, const OptBuffer* bufs, int nbufs)
     for (int k = 0; k < nbufs; k++)
         for (int i = 0; i < o->bufs[k].npieces; i++) {
             const OptPiece* pc = &o->bufs[k].pieces[i];
-            be->x_to_f32(be, o->master + pc->state_off, (const char*)o->bufs[k].params + pc->buf_off * es, pc->len);
+            be->x_to_f32(be, o->master + pc->state_off, (const char*)o->bufs[k].params + pc->buf_off * es,
+                         pc->len);
         }
 }
 
@@ -64,7 +65,10 @@ static const char* schedule_names[] = {"cosine", "linear", "constant"};
 
 int lr_schedule_parse(const char* name, LrSchedule* out) {
     for (int i = 0; i < 3; i++)
-        if (strcmp(name, schedule_names[i]) == 0) { *out = (LrSchedule)i; return 0; }
+        if (strcmp(name, schedule_names[i]) == 0) {
+            *out = (LrSchedule)i;
+            return 0;
+        }
     return -1;
 }
 

@@ -23,19 +23,19 @@
 
 /* One flat buffer the optimizer updates: a model chunk's. */
 typedef struct {
-    void* params;           /* the flat param buffer (written by the step) */
-    const void* grads;      /* its reduced gradients (read by the step) */
-    OptPiece* pieces;       /* owned by the optimizer once given to optimizer_init */
+    void* params;      /* the flat param buffer (written by the step) */
+    const void* grads; /* its reduced gradients (read by the step) */
+    OptPiece* pieces;  /* owned by the optimizer once given to optimizer_init */
     int npieces;
 } OptBuffer;
 
 typedef struct {
     Backend* be;
-    OptBuffer* bufs;        /* owned copy of the list */
+    OptBuffer* bufs; /* owned copy of the list */
     int nbufs;
-    size_t nstate;          /* elements of state: sum of all piece lengths */
-    float *master, *m, *v;  /* backend memory, nstate each */
-    int t;                  /* steps taken */
+    size_t nstate;         /* elements of state: sum of all piece lengths */
+    float *master, *m, *v; /* backend memory, nstate each */
+    int t;                 /* steps taken */
 } Optimizer;
 
 /* The optimizer over nbufs buffers, taking ownership of each buffer's pieces

@@ -132,8 +132,7 @@ double cuda_grad_sumsq(Backend* be, const void* grads, const OptPiece* pieces, i
     if (n == 0) return 0.0;
     if (be->dtype == DTYPE_BF16)
         sumsq_chunk_kernel<bf16><<<n, ADAM_THREADS, 0, c->stream>>>(c->dev_sumsq, (const bf16*)grads, ch);
-    else
-        sumsq_chunk_kernel<float><<<n, ADAM_THREADS, 0, c->stream>>>(c->dev_sumsq, (const float*)grads, ch);
+    else sumsq_chunk_kernel<float><<<n, ADAM_THREADS, 0, c->stream>>>(c->dev_sumsq, (const float*)grads, ch);
     LAUNCH_CHECK();
     sumsq_final_kernel<<<1, ADAM_THREADS, 0, c->stream>>>(c->dev_sumsq + n, c->dev_sumsq, n);
     LAUNCH_CHECK();
@@ -164,7 +163,7 @@ template <> __device__ __forceinline__ bf16 param_round<bf16>(float x, uint32_t 
     uint32_t u = __float_as_uint(x);
     uint32_t r = sr_hash(seed, idx) & 0xFFFFu;
     uint32_t t = (u + r) & 0xFFFF0000u;
-    if ((t & 0x7F800000u) == 0x7F800000u) t = u & 0xFFFF0000u;  /* never round up to inf */
+    if ((t & 0x7F800000u) == 0x7F800000u) t = u & 0xFFFF0000u; /* never round up to inf */
     __nv_bfloat16_raw raw;
     raw.x = (unsigned short)(t >> 16);
     return bf16(raw);
@@ -177,8 +176,8 @@ struct AdamParams {
 
 template <typename T>
 __global__ void __launch_bounds__(ADAM_THREADS)
-    adamw_kernel(T* params, const T* grads, float* master, float* m, float* v,
-                 const DevChunk* chunks, AdamParams a) {
+    adamw_kernel(T* params, const T* grads, float* master, float* m, float* v, const DevChunk* chunks,
+                 AdamParams a) {
     DevChunk ch = chunks[blockIdx.x];
     for (unsigned i = threadIdx.x; i < ch.len; i += ADAM_THREADS) {
         unsigned long long bi = ch.buf_off + i, si = ch.state_off + i;
@@ -214,8 +213,10 @@ void cuda_adamw(Backend* be, void* params, const void* grads, float* master, flo
     a.bc2 = (float)(1.0 - pow((double)args->beta2, (double)args->t));
     a.seed = args->seed;
     if (be->dtype == DTYPE_BF16)
-        adamw_kernel<bf16><<<n, ADAM_THREADS, 0, c->stream>>>((bf16*)params, (const bf16*)grads, master, m, v, ch, a);
+        adamw_kernel<bf16>
+            <<<n, ADAM_THREADS, 0, c->stream>>>((bf16*)params, (const bf16*)grads, master, m, v, ch, a);
     else
-        adamw_kernel<float><<<n, ADAM_THREADS, 0, c->stream>>>((float*)params, (const float*)grads, master, m, v, ch, a);
+        adamw_kernel<float>
+            <<<n, ADAM_THREADS, 0, c->stream>>>((float*)params, (const float*)grads, master, m, v, ch, a);
     LAUNCH_CHECK();
 }

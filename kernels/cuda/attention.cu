@@ -51,11 +51,10 @@ __device__ __forceinline__ void ldsm4t(uint32_t* r, const bf16* p) {
 }
 /* c[4] += a[4] (16x16 bf16, row) * (b0, b1) (16x8 bf16, col) */
 __device__ __forceinline__ void mma16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                 "{%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -69,8 +68,7 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
  *  (e.g. K[key][d] for S = Q K^T):           frag_b_nmajor -> {b0,b1}(n0), {b0,b1}(n0+8)
  *  B for k-chunk k0, n-tiles n0, n0+8, where smem rows are k and columns n
  *  (e.g. V[key][d] for O = P V):             frag_b_kmajor (ldmatrix.trans) */
-template <int LD>
-__device__ __forceinline__ void frag_a(uint32_t* a, const bf16* s, int r0, int c0, int lane) {
+template <int LD> __device__ __forceinline__ void frag_a(uint32_t* a, const bf16* s, int r0, int c0, int lane) {
     ldsm4(a, s + (r0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + c0 + (lane >> 4) * 8);
 }
 template <int LD>
@@ -123,14 +121,14 @@ __global__ void __launch_bounds__(NW * 32)
     bf16* Qs = (bf16*)smraw;
     bf16* Ks = Qs + BR * LD;
     bf16* Vs = Ks + 2 * 64 * LD;
-    const int qb = gridDim.x - 1 - blockIdx.x;  /* heavy blocks first */
+    const int qb = gridDim.x - 1 - blockIdx.x; /* heavy blocks first */
     const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
     const int C = NH * HS, C3 = 3 * C;
     const bf16* base = qkv + (size_t)b * T * C3 + h * HS;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t4 = lane & 3;
     const int q0 = qb * BR;
-    const int qw0 = q0 + warp * 16;  /* this warp's first query */
+    const int qw0 = q0 + warp * 16; /* this warp's first query */
 
     load_tile<HS, BR, NT>(Qs, base, q0, T, C3);
     cp_async_commit();
@@ -161,7 +159,7 @@ __global__ void __launch_bounds__(NW * 32)
 #pragma unroll
             for (int kc = 0; kc < HS / 16; kc++) frag_a<LD>(qf[kc], Qs, warp * 16, kc * 16, lane);
         }
-        if (kb * 64 <= qw0 + 15) {  /* else every key of this tile is in this warp's future */
+        if (kb * 64 <= qw0 + 15) { /* else every key of this tile is in this warp's future */
             const bf16* Kc = Ks + cur * 64 * LD;
             const bf16* Vc = Vs + cur * 64 * LD;
             float s[8][4];
@@ -257,16 +255,16 @@ __global__ void __launch_bounds__(NW * 32)
 /* dK, dV for one block of 16*NW keys; warp w owns keys k0 + 16w .. +15. */
 template <int HS, int NW>
 __global__ void __launch_bounds__(NW * 32)
-    attn_bwd_dkdv_mma(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
-                      const float* Dbuf, int T, int NH, float sl2, float scale) {
+    attn_bwd_dkdv_mma(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* Dbuf, int T,
+                      int NH, float sl2, float scale) {
     constexpr int LD = HS + 8;
     constexpr int BK = 16 * NW;
     constexpr int NT = NW * 32;
     extern __shared__ __align__(16) unsigned char smraw[];
     bf16* Ks = (bf16*)smraw;
     bf16* Vs = Ks + BK * LD;
-    bf16* Qs = Vs + BK * LD;      /* [2][64][LD] */
-    bf16* dOs = Qs + 2 * 64 * LD; /* [2][64][LD] */
+    bf16* Qs = Vs + BK * LD;                    /* [2][64][LD] */
+    bf16* dOs = Qs + 2 * 64 * LD;               /* [2][64][LD] */
     float* lse_s = (float*)(dOs + 2 * 64 * LD); /* [2][64], log2 units */
     float* D_s = lse_s + 2 * 64;                /* [2][64] */
     const int kb = blockIdx.x;
@@ -279,7 +277,7 @@ __global__ void __launch_bounds__(NW * 32)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t4 = lane & 3;
     const int k0 = kb * BK;
-    const int kw0 = k0 + warp * 16;  /* this warp's first key */
+    const int kw0 = k0 + warp * 16; /* this warp's first key */
     const int nqb = (T + 63) / 64;
     const int qb0 = k0 / 64;
 
@@ -317,7 +315,7 @@ __global__ void __launch_bounds__(NW * 32)
             cp_async_wait<0>();
         }
         __syncthreads();
-        if (qb * 64 + 63 >= kw0) {  /* else every query of this tile precedes this warp's keys */
+        if (qb * 64 + 63 >= kw0) { /* else every query of this tile precedes this warp's keys */
             const bf16* Qc = Qs + cur * 64 * LD;
             const bf16* dOc = dOs + cur * 64 * LD;
             const float* lsec = lse_s + cur * 64;
@@ -357,7 +355,7 @@ __global__ void __launch_bounds__(NW * 32)
                         if (qb * 64 + qi < key) p = 0.0f;
                     }
                     s[j][e] = p;
-                    dp[j][e] = p * (dp[j][e] - Dc[qi]);  /* dS^T */
+                    dp[j][e] = p * (dp[j][e] - Dc[qi]); /* dS^T */
                 }
             }
             /* dV += P^T dO ; dK += dS^T Q (k-dim = queries) */
@@ -366,7 +364,8 @@ __global__ void __launch_bounds__(NW * 32)
                 uint32_t pa[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]), pack_bf16(s[2 * kc][2], s[2 * kc][3]),
                                   pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]),
                                   pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
-                uint32_t da[4] = {pack_bf16(dp[2 * kc][0], dp[2 * kc][1]), pack_bf16(dp[2 * kc][2], dp[2 * kc][3]),
+                uint32_t da[4] = {pack_bf16(dp[2 * kc][0], dp[2 * kc][1]),
+                                  pack_bf16(dp[2 * kc][2], dp[2 * kc][3]),
                                   pack_bf16(dp[2 * kc + 1][0], dp[2 * kc + 1][1]),
                                   pack_bf16(dp[2 * kc + 1][2], dp[2 * kc + 1][3])};
 #pragma unroll
@@ -401,8 +400,8 @@ __global__ void __launch_bounds__(NW * 32)
 /* dQ for one block of 16*NW queries; warp w owns queries q0 + 16w .. +15. */
 template <int HS, int NW>
 __global__ void __launch_bounds__(NW * 32)
-    attn_bwd_dq_mma(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
-                    const float* Dbuf, int T, int NH, float sl2, float scale) {
+    attn_bwd_dq_mma(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* Dbuf, int T,
+                    int NH, float sl2, float scale) {
     constexpr int LD = HS + 8;
     constexpr int BR = 16 * NW;
     constexpr int NT = NW * 32;
@@ -491,12 +490,13 @@ __global__ void __launch_bounds__(NW * 32)
                         int key = kb * 64 + j * 8 + 2 * t4 + (e & 1);
                         if (key > qrow0 + (e >> 1) * 8) p = 0.0f;
                     }
-                    dp[j][e] = p * (dp[j][e] - Dr[e >> 1]);  /* dS */
+                    dp[j][e] = p * (dp[j][e] - Dr[e >> 1]); /* dS */
                 }
             }
 #pragma unroll
             for (int kc = 0; kc < 4; kc++) {
-                uint32_t da[4] = {pack_bf16(dp[2 * kc][0], dp[2 * kc][1]), pack_bf16(dp[2 * kc][2], dp[2 * kc][3]),
+                uint32_t da[4] = {pack_bf16(dp[2 * kc][0], dp[2 * kc][1]),
+                                  pack_bf16(dp[2 * kc][2], dp[2 * kc][3]),
                                   pack_bf16(dp[2 * kc + 1][0], dp[2 * kc + 1][1]),
                                   pack_bf16(dp[2 * kc + 1][2], dp[2 * kc + 1][3])};
 #pragma unroll
@@ -517,7 +517,8 @@ __global__ void __launch_bounds__(NW * 32)
             bf16* dst = dqkv + ((size_t)b * T + q) * C3 + h * HS + 2 * t4;
 #pragma unroll
             for (int i = 0; i < HS / 8; i++)
-                *reinterpret_cast<uint32_t*>(dst + i * 8) = pack_bf16(dq[i][2 * r] * scale, dq[i][2 * r + 1] * scale);
+                *reinterpret_cast<uint32_t*>(dst + i * 8) =
+                    pack_bf16(dq[i][2 * r] * scale, dq[i][2 * r + 1] * scale);
         }
     }
 }
@@ -528,8 +529,7 @@ __global__ void __launch_bounds__(NW * 32)
 #define GW 4 /* warps per block */
 
 template <typename T>
-__global__ void attn_fwd_generic(T* out, float* lse, const T* qkv, int B, int T_, int NH, int HS,
-                                 float scale) {
+__global__ void attn_fwd_generic(T* out, float* lse, const T* qkv, int B, int T_, int NH, int HS, float scale) {
     __shared__ float qs[GW][128];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const long row = (long)blockIdx.x * GW + warp;
@@ -579,8 +579,7 @@ __global__ void attn_fwd_generic(T* out, float* lse, const T* qkv, int B, int T_
 
 /* D[bh, t] = sum_d dout * out (fp32) */
 template <typename T>
-__global__ void attn_bwd_pre(float* Dbuf, const T* dout, const T* out, int B, int T_, int NH,
-                             int HS) {
+__global__ void attn_bwd_pre(float* Dbuf, const T* dout, const T* out, int B, int T_, int NH, int HS) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const long row = (long)blockIdx.x * 8 + warp;
     if (row >= (long)B * NH * T_) return;
@@ -596,8 +595,8 @@ __global__ void attn_bwd_pre(float* Dbuf, const T* dout, const T* out, int B, in
 }
 
 template <typename T>
-__global__ void attn_bwd_dq_generic(T* dqkv, const T* dout, const T* qkv, const float* lse,
-                                    const float* Dbuf, int B, int T_, int NH, int HS, float scale) {
+__global__ void attn_bwd_dq_generic(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* Dbuf,
+                                    int B, int T_, int NH, int HS, float scale) {
     __shared__ float qs[GW][128], dos[GW][128];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const long row = (long)blockIdx.x * GW + warp;
@@ -648,14 +647,13 @@ __global__ void attn_bwd_dq_generic(T* dqkv, const T* dout, const T* qkv, const 
 }
 
 template <typename T>
-__global__ void attn_bwd_dkdv_generic(T* dqkv, const T* dout, const T* qkv, const float* lse,
-                                      const float* Dbuf, int B, int T_, int NH, int HS,
-                                      float scale) {
+__global__ void attn_bwd_dkdv_generic(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* Dbuf,
+                                      int B, int T_, int NH, int HS, float scale) {
     __shared__ float ks[GW][128], vs[GW][128];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const long row = (long)blockIdx.x * GW + warp;
     if (row >= (long)B * NH * T_) return;
-    const int j = (int)(row % T_);  /* key */
+    const int j = (int)(row % T_); /* key */
     const int bh = (int)(row / T_), b = bh / NH, h = bh % NH;
     const int C = NH * HS, C3 = 3 * C;
     const T* bq = qkv + (size_t)b * T_ * C3 + h * HS;
@@ -717,9 +715,12 @@ __global__ void attn_bwd_dkdv_generic(T* dqkv, const T* dout, const T* qkv, cons
  * measured (docs/CUDA.md); the environment variable GPT2_CUDA_ATTN=
  * "fwd,dkdv,dq" overrides it (for benchmarking). */
 template <int HS, int NW> static void attn_set_smem() {
-    CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_mma<HS, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fwd_smem<HS, NW>()));
-    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dkdv_mma<HS, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dkdv_smem<HS, NW>()));
-    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dq_mma<HS, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dq_smem<HS, NW>()));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_mma<HS, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)fwd_smem<HS, NW>()));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dkdv_mma<HS, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)dkdv_smem<HS, NW>()));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dq_mma<HS, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)dq_smem<HS, NW>()));
 }
 
 void cuda_attention_init(Backend* be) {
@@ -743,7 +744,8 @@ void cuda_attention_init(Backend* be) {
 }
 
 template <int HS, int NW>
-static void attn_fwd_launch(cudaStream_t st, bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, float sl2) {
+static void attn_fwd_launch(cudaStream_t st, bf16* out, float* lse, const bf16* qkv, int B, int T, int NH,
+                            float sl2) {
     dim3 grid((T + 16 * NW - 1) / (16 * NW), B * NH);
     attn_fwd_mma<HS, NW><<<grid, NW * 32, fwd_smem<HS, NW>(), st>>>(out, lse, qkv, T, NH, sl2);
     LAUNCH_CHECK();
@@ -752,7 +754,8 @@ template <int HS, int NW>
 static void attn_dkdv_launch(cudaStream_t st, bf16* dq, const bf16* d, const bf16* q, const float* lse,
                              const float* Dbuf, int B, int T, int NH, float sl2, float scale) {
     dim3 grid((T + 16 * NW - 1) / (16 * NW), B * NH);
-    attn_bwd_dkdv_mma<HS, NW><<<grid, NW * 32, dkdv_smem<HS, NW>(), st>>>(dq, d, q, lse, Dbuf, T, NH, sl2, scale);
+    attn_bwd_dkdv_mma<HS, NW>
+        <<<grid, NW * 32, dkdv_smem<HS, NW>(), st>>>(dq, d, q, lse, Dbuf, T, NH, sl2, scale);
     LAUNCH_CHECK();
 }
 template <int HS, int NW>
@@ -774,8 +777,7 @@ static bool use_mma(Backend* be, int HS, const void* a, const void* b, const voi
            (c == nullptr || aligned16(c));
 }
 
-void cuda_attention_forward(Backend* be, void* out, float* lse, const void* qkv, int B, int T,
-                            int C, int NH) {
+void cuda_attention_forward(Backend* be, void* out, float* lse, const void* qkv, int B, int T, int C, int NH) {
     attn_check(T, C, NH, "attention_forward");
     if (B == 0 || T == 0) return;
     cudaStream_t st = cuda_ctx(be)->stream;
@@ -797,15 +799,17 @@ void cuda_attention_forward(Backend* be, void* out, float* lse, const void* qkv,
     } else {
         unsigned grid = cdiv((size_t)B * NH * T, GW);
         if (be->dtype == DTYPE_BF16)
-            attn_fwd_generic<bf16><<<grid, GW * 32, 0, st>>>((bf16*)out, lse, (const bf16*)qkv, B, T, NH, HS, scale);
+            attn_fwd_generic<bf16>
+                <<<grid, GW * 32, 0, st>>>((bf16*)out, lse, (const bf16*)qkv, B, T, NH, HS, scale);
         else
-            attn_fwd_generic<float><<<grid, GW * 32, 0, st>>>((float*)out, lse, (const float*)qkv, B, T, NH, HS, scale);
+            attn_fwd_generic<float>
+                <<<grid, GW * 32, 0, st>>>((float*)out, lse, (const float*)qkv, B, T, NH, HS, scale);
     }
     LAUNCH_CHECK();
 }
 
-void cuda_attention_backward(Backend* be, void* dqkv, const void* dout, const void* qkv,
-                             const void* out, const float* lse, int B, int T, int C, int NH) {
+void cuda_attention_backward(Backend* be, void* dqkv, const void* dout, const void* qkv, const void* out,
+                             const float* lse, int B, int T, int C, int NH) {
     attn_check(T, C, NH, "attention_backward");
     if (B == 0 || T == 0) return;
     cudaStream_t st = cuda_ctx(be)->stream;
@@ -814,9 +818,11 @@ void cuda_attention_backward(Backend* be, void* dqkv, const void* dout, const vo
     size_t rows = (size_t)B * NH * T;
     float* Dbuf = (float*)cuda_scratch(be, rows * sizeof(float));
     if (be->dtype == DTYPE_BF16)
-        attn_bwd_pre<bf16><<<cdiv(rows, 8), 256, 0, st>>>(Dbuf, (const bf16*)dout, (const bf16*)out, B, T, NH, HS);
+        attn_bwd_pre<bf16>
+            <<<cdiv(rows, 8), 256, 0, st>>>(Dbuf, (const bf16*)dout, (const bf16*)out, B, T, NH, HS);
     else
-        attn_bwd_pre<float><<<cdiv(rows, 8), 256, 0, st>>>(Dbuf, (const float*)dout, (const float*)out, B, T, NH, HS);
+        attn_bwd_pre<float>
+            <<<cdiv(rows, 8), 256, 0, st>>>(Dbuf, (const float*)dout, (const float*)out, B, T, NH, HS);
     LAUNCH_CHECK();
     if (use_mma(be, HS, dqkv, qkv, dout)) {
         const int nw1 = cuda_ctx(be)->attn_nw[1], nw2 = cuda_ctx(be)->attn_nw[2];
@@ -838,13 +844,17 @@ void cuda_attention_backward(Backend* be, void* dqkv, const void* dout, const vo
     } else {
         unsigned grid = cdiv(rows, GW);
         if (be->dtype == DTYPE_BF16) {
-            attn_bwd_dq_generic<bf16><<<grid, GW * 32, 0, st>>>((bf16*)dqkv, (const bf16*)dout, (const bf16*)qkv, lse, Dbuf, B, T, NH, HS, scale);
+            attn_bwd_dq_generic<bf16><<<grid, GW * 32, 0, st>>>(
+                (bf16*)dqkv, (const bf16*)dout, (const bf16*)qkv, lse, Dbuf, B, T, NH, HS, scale);
             LAUNCH_CHECK();
-            attn_bwd_dkdv_generic<bf16><<<grid, GW * 32, 0, st>>>((bf16*)dqkv, (const bf16*)dout, (const bf16*)qkv, lse, Dbuf, B, T, NH, HS, scale);
+            attn_bwd_dkdv_generic<bf16><<<grid, GW * 32, 0, st>>>(
+                (bf16*)dqkv, (const bf16*)dout, (const bf16*)qkv, lse, Dbuf, B, T, NH, HS, scale);
         } else {
-            attn_bwd_dq_generic<float><<<grid, GW * 32, 0, st>>>((float*)dqkv, (const float*)dout, (const float*)qkv, lse, Dbuf, B, T, NH, HS, scale);
+            attn_bwd_dq_generic<float><<<grid, GW * 32, 0, st>>>(
+                (float*)dqkv, (const float*)dout, (const float*)qkv, lse, Dbuf, B, T, NH, HS, scale);
             LAUNCH_CHECK();
-            attn_bwd_dkdv_generic<float><<<grid, GW * 32, 0, st>>>((float*)dqkv, (const float*)dout, (const float*)qkv, lse, Dbuf, B, T, NH, HS, scale);
+            attn_bwd_dkdv_generic<float><<<grid, GW * 32, 0, st>>>(
+                (float*)dqkv, (const float*)dout, (const float*)qkv, lse, Dbuf, B, T, NH, HS, scale);
         }
         LAUNCH_CHECK();
     }

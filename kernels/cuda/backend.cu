@@ -37,8 +37,7 @@ void* cuda_alloc_tracked(Backend* be, size_t bytes, MemCategory cat) {
         cudaGetLastError();
         cudaMemGetInfo(&free_b, &total_b);
         fatal("%s:%d: cudaMalloc of %zu bytes (%s) failed: %s (free %zu of %zu bytes); reduce the batch size",
-              __FILE__, __LINE__, bytes, mem_category_name[cat], cudaGetErrorString(e), free_b,
-              total_b);
+              __FILE__, __LINE__, bytes, mem_category_name[cat], cudaGetErrorString(e), free_b, total_b);
     }
     mem_track_alloc(&be->mem, cat, bytes);
     cuda_sample_peak(c);
@@ -153,7 +152,7 @@ extern "C" Backend* backend_cuda_create(DType dtype, int device_index, int allow
     if (prop.major < 8)
         fatal("--device cuda: GPU %d (%s) has compute capability %d.%d; this build needs 8.0 or newer",
               device_index, prop.name, prop.major, prop.minor);
-    CUDA_CHECK(cudaFree(0));  /* create the context now so the baseline includes it */
+    CUDA_CHECK(cudaFree(0)); /* create the context now so the baseline includes it */
 
     Backend* be = (Backend*)xcalloc(1, sizeof(Backend));
     CudaCtx* c = (CudaCtx*)xcalloc(1, sizeof(CudaCtx));

@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(CLS_SM_THREADS)
                     v[j] = i * 8 + j < Vn ? __bfloat162float(e[j]) * CLS_LOG2E : -INFINITY;
                     vm = fmaxf(vm, v[j]);
                 }
-                if (vm == -INFINITY) continue;  /* padding only */
+                if (vm == -INFINITY) continue; /* padding only */
                 if (vm > acc.m) {
                     acc.s *= exp2f(acc.m - vm);
                     acc.m = vm;
@@ -168,7 +168,8 @@ __global__ void __launch_bounds__(CLS_SM_THREADS)
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             int c = i * 8 + j;
-            v[j] = c < Vn ? (exp2f(__bfloat162float(e[j]) * CLS_LOG2E - mx) * inv - (c == tg ? 1.0f : 0.0f)) * dloss
+            v[j] = c < Vn ? (exp2f(__bfloat162float(e[j]) * CLS_LOG2E - mx) * inv - (c == tg ? 1.0f : 0.0f)) *
+                                dloss
                           : 0.0f;
         }
         store_vec<8>(x + (size_t)i * 8, v);
@@ -176,32 +177,31 @@ __global__ void __launch_bounds__(CLS_SM_THREADS)
 }
 
 template <typename T>
-static void classifier_launch(cudaStream_t st, T* logits, float* losses, const int* targets,
-                              float dloss, int N, int Vn, int Vp) {
+static void classifier_launch(cudaStream_t st, T* logits, float* losses, const int* targets, float dloss, int N,
+                              int Vn, int Vp) {
     if (N == 0) return;
     constexpr int VV = Vec16<T>::N;
     if constexpr (sizeof(T) == 2) {
         size_t smem = (size_t)Vp * sizeof(bf16);
         if (Vp % 8 == 0 && aligned16(logits) && smem <= CLS_SM_MAX) {
-            CUDA_CHECK(cudaFuncSetAttribute(classifier_smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-            classifier_smem_kernel<<<N, CLS_SM_THREADS, smem, st>>>((bf16*)logits, losses, targets, dloss, Vn, Vp);
+            CUDA_CHECK(cudaFuncSetAttribute(classifier_smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)smem));
+            classifier_smem_kernel<<<N, CLS_SM_THREADS, smem, st>>>(
+                (bf16*)logits, losses, targets, dloss, Vn, Vp);
             LAUNCH_CHECK();
             return;
         }
     }
     if (Vp % VV == 0 && aligned16(logits))
         classifier_kernel<T, VV><<<N, CLS_THREADS, 0, st>>>(logits, losses, targets, dloss, Vn, Vp);
-    else
-        classifier_kernel<T, 1><<<N, CLS_THREADS, 0, st>>>(logits, losses, targets, dloss, Vn, Vp);
+    else classifier_kernel<T, 1><<<N, CLS_THREADS, 0, st>>>(logits, losses, targets, dloss, Vn, Vp);
     LAUNCH_CHECK();
 }
 
-void cuda_fused_classifier(Backend* be, void* logits, float* losses, const int* targets,
-                           float dloss, int N, int V, int Vp) {
+void cuda_fused_classifier(Backend* be, void* logits, float* losses, const int* targets, float dloss, int N,
+                           int V, int Vp) {
     if (V > Vp) fatal("fused_classifier: V=%d is larger than the padded Vp=%d", V, Vp);
     cudaStream_t st = cuda_ctx(be)->stream;
-    if (be->dtype == DTYPE_BF16)
-        classifier_launch<bf16>(st, (bf16*)logits, losses, targets, dloss, N, V, Vp);
-    else
-        classifier_launch<float>(st, (float*)logits, losses, targets, dloss, N, V, Vp);
+    if (be->dtype == DTYPE_BF16) classifier_launch<bf16>(st, (bf16*)logits, losses, targets, dloss, N, V, Vp);
+    else classifier_launch<float>(st, (float*)logits, losses, targets, dloss, N, V, Vp);
 }

@@ -19,19 +19,17 @@ extern "C" {
 typedef __nv_bfloat16 bf16;
 
 /* ---- checked calls: fatal() with file, line and the error string ---- */
-#define CUDA_CHECK(call)                                                                   \
-    do {                                                                                   \
-        cudaError_t e_ = (call);                                                           \
-        if (e_ != cudaSuccess)                                                             \
-            fatal("%s:%d: CUDA error: %s (%s)", __FILE__, __LINE__, cudaGetErrorString(e_), \
-                  #call);                                                                  \
+#define CUDA_CHECK(call)                                                                            \
+    do {                                                                                            \
+        cudaError_t e_ = (call);                                                                    \
+        if (e_ != cudaSuccess)                                                                      \
+            fatal("%s:%d: CUDA error: %s (%s)", __FILE__, __LINE__, cudaGetErrorString(e_), #call); \
     } while (0)
-#define CUBLAS_CHECK(call)                                                                   \
-    do {                                                                                     \
-        cublasStatus_t s_ = (call);                                                          \
-        if (s_ != CUBLAS_STATUS_SUCCESS)                                                     \
-            fatal("%s:%d: cuBLASLt error: %s (%s)", __FILE__, __LINE__,                      \
-                  cublasLtGetStatusString(s_), #call);                                       \
+#define CUBLAS_CHECK(call)                                                                                   \
+    do {                                                                                                     \
+        cublasStatus_t s_ = (call);                                                                          \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                                                     \
+            fatal("%s:%d: cuBLASLt error: %s (%s)", __FILE__, __LINE__, cublasLtGetStatusString(s_), #call); \
     } while (0)
 /* after every kernel launch */
 #define LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
@@ -44,8 +42,8 @@ struct CudaCtx {
     int device;
     int num_sms;
     int allow_tf32;
-    cudaStream_t stream;       /* compute */
-    cudaStream_t comm_stream;  /* communicator */
+    cudaStream_t stream;      /* compute */
+    cudaStream_t comm_stream; /* communicator */
     /* driver's view of memory for peak_reserved: device bytes in use when the
      * backend was created (context, other processes) and the peak since. */
     size_t base_used;
@@ -54,7 +52,7 @@ struct CudaCtx {
     cublasLtHandle_t lt;
     void* lt_workspace;
     size_t lt_workspace_bytes;
-    LtPlan* plans;  /* linked list of cached (shape -> descriptors + algorithm) */
+    LtPlan* plans; /* linked list of cached (shape -> descriptors + algorithm) */
     /* one scratch buffer reused by the kernels that need temporary memory
      * (only the compute stream touches it, so successive users are ordered) */
     void* scratch;
@@ -65,7 +63,7 @@ struct CudaCtx {
     void* dev_chunks;
     size_t dev_chunks_bytes;
     int nchunks;
-    double* dev_sumsq;      /* partial sums [nchunks] + result */
+    double* dev_sumsq; /* partial sums [nchunks] + result */
     size_t dev_sumsq_bytes;
     /* attention tensor-core kernels: warps a block (4 or 8) of the forward,
      * dK/dV and dQ kernels (attention.cu) */
@@ -75,7 +73,7 @@ struct CudaCtx {
 static inline CudaCtx* cuda_ctx(Backend* be) { return (CudaCtx*)be->ctx; }
 
 /* ---- helpers implemented in backend.cu ---- */
-void* cuda_scratch(Backend* be, size_t bytes);   /* at least bytes, valid until the next call */
+void* cuda_scratch(Backend* be, size_t bytes); /* at least bytes, valid until the next call */
 void* cuda_alloc_tracked(Backend* be, size_t bytes, MemCategory cat);
 void cuda_release_tracked(Backend* be, void* p, size_t bytes, MemCategory cat);
 
@@ -91,8 +89,7 @@ template <> __device__ __forceinline__ bf16 from_f<bf16>(float x) { return __flo
 template <typename T> struct Vec16 { static constexpr int N = 16 / (int)sizeof(T); };
 
 /* load / store V elements (V*sizeof(T) == 16: one 16-byte access; else scalars) */
-template <int V, typename T>
-__device__ __forceinline__ void load_vec(float* dst, const T* src) {
+template <int V, typename T> __device__ __forceinline__ void load_vec(float* dst, const T* src) {
     if constexpr (V * sizeof(T) == 16) {
         int4 raw = *reinterpret_cast<const int4*>(src);
         const T* e = reinterpret_cast<const T*>(&raw);
@@ -104,8 +101,7 @@ __device__ __forceinline__ void load_vec(float* dst, const T* src) {
     }
 }
 /* streaming variant for data read once */
-template <int V, typename T>
-__device__ __forceinline__ void load_vec_cs(float* dst, const T* src) {
+template <int V, typename T> __device__ __forceinline__ void load_vec_cs(float* dst, const T* src) {
     if constexpr (V * sizeof(T) == 16) {
         int4 raw = __ldcs(reinterpret_cast<const int4*>(src));
         const T* e = reinterpret_cast<const T*>(&raw);
@@ -116,8 +112,7 @@ __device__ __forceinline__ void load_vec_cs(float* dst, const T* src) {
         for (int i = 0; i < V; i++) dst[i] = to_f<T>(src[i]);
     }
 }
-template <int V, typename T>
-__device__ __forceinline__ void store_vec(T* dst, const float* src) {
+template <int V, typename T> __device__ __forceinline__ void store_vec(T* dst, const float* src) {
     if constexpr (V * sizeof(T) == 16) {
         int4 raw;
         T* e = reinterpret_cast<T*>(&raw);
@@ -155,8 +150,7 @@ static inline unsigned cdiv(size_t a, size_t b) { return (unsigned)((a + b - 1) 
  * vectors (j*32 + l) for j < NCH. dispatch_nch calls f with the smallest NCH
  * from a fixed set that covers C; f returns false when NCH*V is too large for
  * registers (more than 64 floats a lane), and so does dispatch_nch. */
-template <int V, typename F>
-static bool dispatch_nch(int C, F&& f) {
+template <int V, typename F> static bool dispatch_nch(int C, F&& f) {
     int need = (C + 32 * V - 1) / (32 * V);
     if (need <= 1) return f(std::integral_constant<int, 1>{});
     if (need <= 2) return f(std::integral_constant<int, 2>{});
@@ -177,40 +171,37 @@ void cuda_residual_forward(Backend* be, void* out, const void* inp1, const void*
 void cuda_gelu_forward(Backend* be, void* out, const void* inp, size_t n);
 void cuda_gelu_backward(Backend* be, void* dinp, const void* inp, const void* dout, size_t n);
 /* encoder.cu */
-void cuda_encoder_forward(Backend* be, void* out, const int* inp, const void* wte, const void* wpe,
-                          int B, int T, int C);
-void cuda_encoder_backward(Backend* be, void* dwte, void* dwpe, const void* dout, const int* inp,
-                           int B, int T, int C);
-void cuda_encoder_backward_range(Backend* be, void* dwte, void* dwpe, const void* dout, const int* inp,
-                                 int B, int T, int C, int v0, int v1);
+void cuda_encoder_forward(Backend* be, void* out, const int* inp, const void* wte, const void* wpe, int B,
+                          int T, int C);
+void cuda_encoder_backward(Backend* be, void* dwte, void* dwpe, const void* dout, const int* inp, int B, int T,
+                           int C);
+void cuda_encoder_backward_range(Backend* be, void* dwte, void* dwpe, const void* dout, const int* inp, int B,
+                                 int T, int C, int v0, int v1);
 /* layernorm.cu */
-void cuda_layernorm_forward(Backend* be, void* out, float* mean, float* rstd, const void* inp,
-                            const void* w, const void* b, int N, int C);
-void cuda_residual_layernorm_forward(Backend* be, void* residual, void* out, float* mean,
-                                     float* rstd, const void* inp1, const void* inp2,
-                                     const void* w, const void* b, int N, int C);
-void cuda_layernorm_backward(Backend* be, void* dinp, void* dw, void* db, const void* dout,
-                             const void* inp, const void* w, const float* mean, const float* rstd,
-                             int N, int C);
+void cuda_layernorm_forward(Backend* be, void* out, float* mean, float* rstd, const void* inp, const void* w,
+                            const void* b, int N, int C);
+void cuda_residual_layernorm_forward(Backend* be, void* residual, void* out, float* mean, float* rstd,
+                                     const void* inp1, const void* inp2, const void* w, const void* b, int N,
+                                     int C);
+void cuda_layernorm_backward(Backend* be, void* dinp, void* dw, void* db, const void* dout, const void* inp,
+                             const void* w, const float* mean, const float* rstd, int N, int C);
 /* matmul.cu */
 void cuda_matmul_init(Backend* be);
 void cuda_matmul_destroy(Backend* be);
 void cuda_matmul_forward(Backend* be, void* out, void* pre_gelu, const void* inp, const void* w,
                          const void* bias, int N, int C, int OC);
-void cuda_matmul_backward(Backend* be, void* dinp, void* dw, void* dbias, const void* dout,
-                          const void* inp, const void* w, const void* pre_gelu, int N, int C,
-                          int OC);
-void cuda_matmul_backward_weight(Backend* be, void* dw, const void* dout, int ld_dout, const void* inp,
-                                 int N, int C, int OC);
+void cuda_matmul_backward(Backend* be, void* dinp, void* dw, void* dbias, const void* dout, const void* inp,
+                          const void* w, const void* pre_gelu, int N, int C, int OC);
+void cuda_matmul_backward_weight(Backend* be, void* dw, const void* dout, int ld_dout, const void* inp, int N,
+                                 int C, int OC);
 /* attention.cu */
 void cuda_attention_init(Backend* be);
-void cuda_attention_forward(Backend* be, void* out, float* lse, const void* qkv, int B, int T,
-                            int C, int NH);
-void cuda_attention_backward(Backend* be, void* dqkv, const void* dout, const void* qkv,
-                             const void* out, const float* lse, int B, int T, int C, int NH);
+void cuda_attention_forward(Backend* be, void* out, float* lse, const void* qkv, int B, int T, int C, int NH);
+void cuda_attention_backward(Backend* be, void* dqkv, const void* dout, const void* qkv, const void* out,
+                             const float* lse, int B, int T, int C, int NH);
 /* classifier.cu */
-void cuda_fused_classifier(Backend* be, void* logits, float* losses, const int* targets,
-                           float dloss, int N, int V, int Vp);
+void cuda_fused_classifier(Backend* be, void* logits, float* losses, const int* targets, float dloss, int N,
+                           int V, int Vp);
 /* adamw.cu */
 double cuda_grad_sumsq(Backend* be, const void* grads, const OptPiece* pieces, int npieces);
 void cuda_adamw(Backend* be, void* params, const void* grads, float* master, float* m, float* v,

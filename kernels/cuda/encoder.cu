@@ -20,8 +20,7 @@
 #include <climits>
 
 template <typename T, int V>
-__global__ void enc_fwd_kernel(T* out, const int* inp, const T* wte, const T* wpe, int BT, int T_,
-                               int C) {
+__global__ void enc_fwd_kernel(T* out, const int* inp, const T* wte, const T* wpe, int BT, int T_, int C) {
     int cv = C / V;
     size_t total = (size_t)BT * cv;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
@@ -40,8 +39,7 @@ __global__ void enc_fwd_kernel(T* out, const int* inp, const T* wte, const T* wp
 }
 
 template <typename T>
-static void enc_fwd(cudaStream_t st, T* out, const int* inp, const T* wte, const T* wpe, int B,
-                    int T_, int C) {
+static void enc_fwd(cudaStream_t st, T* out, const int* inp, const T* wte, const T* wpe, int B, int T_, int C) {
     constexpr int VV = Vec16<T>::N;
     size_t BT = (size_t)B * T_;
     if (BT == 0 || C == 0) return;
@@ -55,18 +53,16 @@ static void enc_fwd(cudaStream_t st, T* out, const int* inp, const T* wte, const
     LAUNCH_CHECK();
 }
 
-void cuda_encoder_forward(Backend* be, void* out, const int* inp, const void* wte, const void* wpe,
-                          int B, int T, int C) {
+void cuda_encoder_forward(Backend* be, void* out, const int* inp, const void* wte, const void* wpe, int B,
+                          int T, int C) {
     cudaStream_t st = cuda_ctx(be)->stream;
     if (be->dtype == DTYPE_BF16)
         enc_fwd<bf16>(st, (bf16*)out, inp, (const bf16*)wte, (const bf16*)wpe, B, T, C);
-    else
-        enc_fwd<float>(st, (float*)out, inp, (const float*)wte, (const float*)wpe, B, T, C);
+    else enc_fwd<float>(st, (float*)out, inp, (const float*)wte, (const float*)wpe, B, T, C);
 }
 
 /* dwpe[t, c..c+V) += sum_b dout[b, t, c..c+V) */
-template <typename T, int V>
-__global__ void enc_dwpe_kernel(T* dwpe, const T* dout, int B, int T_, int C) {
+template <typename T, int V> __global__ void enc_dwpe_kernel(T* dwpe, const T* dout, int B, int T_, int C) {
     int cv = C / V;
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i >= (size_t)T_ * cv) return;
@@ -107,8 +103,8 @@ __global__ void iota_kernel(int* p, int n) {
 
 template <typename T, int V, int NCH>
 __global__ void __launch_bounds__(ENC_WARPS * 32)
-    enc_dwte_phase_a(T* dwte, float* part_first, float* part_last, int* owner, const T* dout,
-                     const int* keys, const int* pos, int BT, int C, int v0, int v1) {
+    enc_dwte_phase_a(T* dwte, float* part_first, float* part_last, int* owner, const T* dout, const int* keys,
+                     const int* pos, int BT, int C, int v0, int v1) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int chunk = blockIdx.x * ENC_WARPS + warp;
     const int start = chunk * ENC_R;
@@ -118,7 +114,7 @@ __global__ void __launch_bounds__(ENC_WARPS * 32)
     int i = start;
     while (i < end) {
         const int key = keys[i];
-        if (key < v0 || key >= v1) {   /* another call's rows: skip the run */
+        if (key < v0 || key >= v1) { /* another call's rows: skip the run */
             while (i < end && keys[i] == key) i++;
             continue;
         }
@@ -199,13 +195,13 @@ __global__ void __launch_bounds__(ENC_WARPS * 32)
             }
         }
         const int e2 = min(BT, s2 + ENC_R);
-        if (keys[e2 - 1] != key) break;  /* the run ends inside chunk c2 */
+        if (keys[e2 - 1] != key) break; /* the run ends inside chunk c2 */
     }
 #pragma unroll
     for (int j = 0; j < NCH; j++) {
         int c = (j * 32 + lane) * V;
         if (c < C) {
-            T* w = dwte + (size_t)(key - v0) * C + c;   /* (owner is set only for runs in range) */
+            T* w = dwte + (size_t)(key - v0) * C + c; /* (owner is set only for runs in range) */
             float cur[V];
             load_vec<V>(cur, w);
 #pragma unroll
@@ -218,8 +214,8 @@ __global__ void __launch_bounds__(ENC_WARPS * 32)
 static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
 
 template <typename T>
-static void enc_bwd(Backend* be, T* dwte, T* dwpe, const T* dout, const int* inp, int B, int T_,
-                    int C, int v0, int v1) {
+static void enc_bwd(Backend* be, T* dwte, T* dwpe, const T* dout, const int* inp, int B, int T_, int C, int v0,
+                    int v1) {
     cudaStream_t st = cuda_ctx(be)->stream;
     int BT = B * T_;
     if (BT == 0 || C == 0) return;
@@ -241,9 +237,8 @@ static void enc_bwd(Backend* be, T* dwte, T* dwpe, const T* dout, const int* inp
 
     /* dwte: sort (id, position) pairs, then one block per run */
     size_t temp_bytes = 0;
-    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, (const int*)nullptr,
-                                               (int*)nullptr, (const int*)nullptr, (int*)nullptr,
-                                               BT, 0, 32, st));
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, (const int*)nullptr, (int*)nullptr,
+                                               (const int*)nullptr, (int*)nullptr, BT, 0, 32, st));
     const int nchunks = (BT + ENC_R - 1) / ENC_R;
     size_t ib = align256((size_t)BT * sizeof(int));
     size_t pb = align256((size_t)nchunks * C * sizeof(float));
@@ -258,15 +253,14 @@ static void enc_bwd(Backend* be, T* dwte, T* dwpe, const T* dout, const int* inp
     void* temp = s + 3 * ib + 2 * pb + ob;
     iota_kernel<<<cdiv(BT, 256), 256, 0, st>>>(vals_in, BT);
     LAUNCH_CHECK();
-    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, inp, keys_out, vals_in, vals_out,
-                                               BT, 0, 32, st));
+    CUDA_CHECK(
+        cub::DeviceRadixSort::SortPairs(temp, temp_bytes, inp, keys_out, vals_in, vals_out, BT, 0, 32, st));
     unsigned grid = cdiv(nchunks, ENC_WARPS);
     auto launch = [&](auto a, auto b) {
-        a<<<grid, ENC_WARPS * 32, 0, st>>>(dwte, part_first, part_last, owner, dout, keys_out,
-                                            vals_out, BT, C, v0, v1);
+        a<<<grid, ENC_WARPS * 32, 0, st>>>(
+            dwte, part_first, part_last, owner, dout, keys_out, vals_out, BT, C, v0, v1);
         LAUNCH_CHECK();
-        b<<<grid, ENC_WARPS * 32, 0, st>>>(dwte, part_first, part_last, owner, keys_out, BT, C,
-                                            nchunks, v0);
+        b<<<grid, ENC_WARPS * 32, 0, st>>>(dwte, part_first, part_last, owner, keys_out, BT, C, nchunks, v0);
         LAUNCH_CHECK();
     };
     bool ok;
@@ -294,11 +288,10 @@ void cuda_encoder_backward_range(Backend* be, void* dwte, void* dwpe, const void
                                  int T, int C, int v0, int v1) {
     if (be->dtype == DTYPE_BF16)
         enc_bwd<bf16>(be, (bf16*)dwte, (bf16*)dwpe, (const bf16*)dout, inp, B, T, C, v0, v1);
-    else
-        enc_bwd<float>(be, (float*)dwte, (float*)dwpe, (const float*)dout, inp, B, T, C, v0, v1);
+    else enc_bwd<float>(be, (float*)dwte, (float*)dwpe, (const float*)dout, inp, B, T, C, v0, v1);
 }
 
-void cuda_encoder_backward(Backend* be, void* dwte, void* dwpe, const void* dout, const int* inp,
-                           int B, int T, int C) {
+void cuda_encoder_backward(Backend* be, void* dwte, void* dwpe, const void* dout, const int* inp, int B, int T,
+                           int C) {
     cuda_encoder_backward_range(be, dwte, dwpe, dout, inp, B, T, C, 0, INT_MAX);
 }

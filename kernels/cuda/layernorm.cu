@@ -18,8 +18,8 @@
 
 template <typename T, int V, int NCH, bool RESID>
 __global__ void __launch_bounds__(LN_WARPS * 32)
-    ln_fwd_kernel(T* out, float* mean, float* rstd, T* resid, const T* in1, const T* in2,
-                  const T* w, const T* b, int N, int C) {
+    ln_fwd_kernel(T* out, float* mean, float* rstd, T* resid, const T* in1, const T* in2, const T* w,
+                  const T* b, int N, int C) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int row = blockIdx.x * LN_WARPS + warp;
     if (row >= N) return;
@@ -79,8 +79,8 @@ __global__ void __launch_bounds__(LN_WARPS * 32)
 }
 
 template <typename T, bool RESID>
-static void ln_fwd(cudaStream_t st, T* out, float* mean, float* rstd, T* resid, const T* in1,
-                   const T* in2, const T* w, const T* b, int N, int C) {
+static void ln_fwd(cudaStream_t st, T* out, float* mean, float* rstd, T* resid, const T* in1, const T* in2,
+                   const T* w, const T* b, int N, int C) {
     if (N == 0) return;
     constexpr int VV = Vec16<T>::N;
     bool vec = C % VV == 0 && aligned16(out) && aligned16(in1) && aligned16(w) && aligned16(b) &&
@@ -91,8 +91,8 @@ static void ln_fwd(cudaStream_t st, T* out, float* mean, float* rstd, T* resid, 
         ok = dispatch_nch<VV>(C, [&](auto nch) {
             constexpr int NCH = decltype(nch)::value;
             if constexpr (NCH * VV <= 64) {
-                ln_fwd_kernel<T, VV, NCH, RESID><<<grid, LN_WARPS * 32, 0, st>>>(
-                    out, mean, rstd, resid, in1, in2, w, b, N, C);
+                ln_fwd_kernel<T, VV, NCH, RESID>
+                    <<<grid, LN_WARPS * 32, 0, st>>>(out, mean, rstd, resid, in1, in2, w, b, N, C);
                 return true;
             } else {
                 return false;
@@ -101,8 +101,8 @@ static void ln_fwd(cudaStream_t st, T* out, float* mean, float* rstd, T* resid, 
     } else {
         ok = dispatch_nch<1>(C, [&](auto nch) {
             constexpr int NCH = decltype(nch)::value;
-            ln_fwd_kernel<T, 1, NCH, RESID><<<grid, LN_WARPS * 32, 0, st>>>(
-                out, mean, rstd, resid, in1, in2, w, b, N, C);
+            ln_fwd_kernel<T, 1, NCH, RESID>
+                <<<grid, LN_WARPS * 32, 0, st>>>(out, mean, rstd, resid, in1, in2, w, b, N, C);
             return true;
         });
     }
@@ -110,24 +110,24 @@ static void ln_fwd(cudaStream_t st, T* out, float* mean, float* rstd, T* resid, 
     LAUNCH_CHECK();
 }
 
-void cuda_layernorm_forward(Backend* be, void* out, float* mean, float* rstd, const void* inp,
-                            const void* w, const void* b, int N, int C) {
+void cuda_layernorm_forward(Backend* be, void* out, float* mean, float* rstd, const void* inp, const void* w,
+                            const void* b, int N, int C) {
     cudaStream_t st = cuda_ctx(be)->stream;
     if (be->dtype == DTYPE_BF16)
-        ln_fwd<bf16, false>(st, (bf16*)out, mean, rstd, nullptr, (const bf16*)inp, nullptr,
-                            (const bf16*)w, (const bf16*)b, N, C);
+        ln_fwd<bf16, false>(st, (bf16*)out, mean, rstd, nullptr, (const bf16*)inp, nullptr, (const bf16*)w,
+                            (const bf16*)b, N, C);
     else
-        ln_fwd<float, false>(st, (float*)out, mean, rstd, nullptr, (const float*)inp, nullptr,
-                             (const float*)w, (const float*)b, N, C);
+        ln_fwd<float, false>(st, (float*)out, mean, rstd, nullptr, (const float*)inp, nullptr, (const float*)w,
+                             (const float*)b, N, C);
 }
 
-void cuda_residual_layernorm_forward(Backend* be, void* residual, void* out, float* mean,
-                                     float* rstd, const void* inp1, const void* inp2,
-                                     const void* w, const void* b, int N, int C) {
+void cuda_residual_layernorm_forward(Backend* be, void* residual, void* out, float* mean, float* rstd,
+                                     const void* inp1, const void* inp2, const void* w, const void* b, int N,
+                                     int C) {
     cudaStream_t st = cuda_ctx(be)->stream;
     if (be->dtype == DTYPE_BF16)
-        ln_fwd<bf16, true>(st, (bf16*)out, mean, rstd, (bf16*)residual, (const bf16*)inp1,
-                           (const bf16*)inp2, (const bf16*)w, (const bf16*)b, N, C);
+        ln_fwd<bf16, true>(st, (bf16*)out, mean, rstd, (bf16*)residual, (const bf16*)inp1, (const bf16*)inp2,
+                           (const bf16*)w, (const bf16*)b, N, C);
     else
         ln_fwd<float, true>(st, (float*)out, mean, rstd, (float*)residual, (const float*)inp1,
                             (const float*)inp2, (const float*)w, (const float*)b, N, C);
@@ -142,9 +142,9 @@ void cuda_residual_layernorm_forward(Backend* be, void* residual, void* out, flo
 
 template <typename T, int V, int NCH>
 __global__ void __launch_bounds__(LN_BWD_WARPS * 32)
-    ln_bwd_kernel(T* dinp, float* partial, const T* dout, const T* inp, const T* w,
-                  const float* mean, const float* rstd, int N, int C) {
-    extern __shared__ float acc[];  /* [LN_BWD_WARPS][2][C] */
+    ln_bwd_kernel(T* dinp, float* partial, const T* dout, const T* inp, const T* w, const float* mean,
+                  const float* rstd, int N, int C) {
+    extern __shared__ float acc[]; /* [LN_BWD_WARPS][2][C] */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     float* myw = acc + (size_t)warp * 2 * C;
     float* myb = myw + C;
@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(LN_BWD_WARPS * 32)
                 load_vec<V>(d[j], dinp + off + c);
 #pragma unroll
                 for (int k = 0; k < V; k++) {
-                    x[j][k] = (x[j][k] - mu) * rs;  /* now the normalized input */
+                    x[j][k] = (x[j][k] - mu) * rs; /* now the normalized input */
                     float dn = g[j][k] * wv[j][k];
                     s1 += dn;
                     s2 += dn * x[j][k];
@@ -202,8 +202,7 @@ __global__ void __launch_bounds__(LN_BWD_WARPS * 32)
             int c = (j * 32 + lane) * V;
             if (c < C) {
 #pragma unroll
-                for (int k = 0; k < V; k++)
-                    d[j][k] += (g[j][k] * wv[j][k] - m1 - x[j][k] * m2) * rs;
+                for (int k = 0; k < V; k++) d[j][k] += (g[j][k] * wv[j][k] - m1 - x[j][k] * m2) * rs;
                 store_vec<V>(dinp + off + c, d[j]);
             }
         }
@@ -310,13 +309,12 @@ static void ln_bwd(Backend* be, T* dinp, T* dw, T* db, const T* dout, const T* i
     LAUNCH_CHECK();
 }
 
-void cuda_layernorm_backward(Backend* be, void* dinp, void* dw, void* db, const void* dout,
-                             const void* inp, const void* w, const float* mean, const float* rstd,
-                             int N, int C) {
+void cuda_layernorm_backward(Backend* be, void* dinp, void* dw, void* db, const void* dout, const void* inp,
+                             const void* w, const float* mean, const float* rstd, int N, int C) {
     if (be->dtype == DTYPE_BF16)
-        ln_bwd<bf16>(be, (bf16*)dinp, (bf16*)dw, (bf16*)db, (const bf16*)dout, (const bf16*)inp,
-                     (const bf16*)w, mean, rstd, N, C);
+        ln_bwd<bf16>(be, (bf16*)dinp, (bf16*)dw, (bf16*)db, (const bf16*)dout, (const bf16*)inp, (const bf16*)w,
+                     mean, rstd, N, C);
     else
-        ln_bwd<float>(be, (float*)dinp, (float*)dw, (float*)db, (const float*)dout,
-                      (const float*)inp, (const float*)w, mean, rstd, N, C);
+        ln_bwd<float>(be, (float*)dinp, (float*)dw, (float*)db, (const float*)dout, (const float*)inp,
+                      (const float*)w, mean, rstd, N, C);
 }

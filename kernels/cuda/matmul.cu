@@ -36,7 +36,7 @@ struct LtKey {
 
 struct LtPlan {
     LtKey key;
-    int ok;  /* 0: no algorithm for this configuration */
+    int ok; /* 0: no algorithm for this configuration */
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t a, b, d;
     cublasLtMatmulAlgo_t algo;
@@ -79,9 +79,9 @@ void cuda_matmul_destroy(Backend* be) {
 
 /* D[m,n] (col-major, ld ldd) = op(A) op(B) (+ beta D), with an epilogue.
  * Returns 0 (doing nothing) when cuBLASLt has no algorithm for it. */
-static int lt_matmul(Backend* be, void* D, const void* A, const void* Bm, int m, int n, int k,
-                     int transa, int transb, int lda, int ldb, int ldd, float beta,
-                     cublasLtEpilogue_t epi, const void* bias, const void* aux, int ldaux) {
+static int lt_matmul(Backend* be, void* D, const void* A, const void* Bm, int m, int n, int k, int transa,
+                     int transb, int lda, int ldb, int ldd, float beta, cublasLtEpilogue_t epi,
+                     const void* bias, const void* aux, int ldaux) {
     CudaCtx* c = cuda_ctx(be);
     LtKey key;
     memset(&key, 0, sizeof key);
@@ -109,8 +109,7 @@ static int lt_matmul(Backend* be, void* D, const void* A, const void* Bm, int m,
         p->key = key;
         bool bf = be->dtype == DTYPE_BF16;
         cudaDataType_t dt = bf ? CUDA_R_16BF : CUDA_R_32F;
-        cublasComputeType_t ct =
-            (!bf && c->allow_tf32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+        cublasComputeType_t ct = (!bf && c->allow_tf32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
         CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, ct, CUDA_R_32F));
         cublasOperation_t ta = transa ? CUBLAS_OP_T : CUBLAS_OP_N;
         cublasOperation_t tb = transb ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -118,11 +117,14 @@ static int lt_matmul(Backend* be, void* D, const void* A, const void* Bm, int m,
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
         if (bias)
-            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+            CUBLAS_CHECK(
+                cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
         if (aux) {
             int64_t ld64 = ldaux;
-            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
-            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld64, sizeof ld64));
+            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+                p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+                p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld64, sizeof ld64));
         }
         /* stored shapes: op(A) is m x k, op(B) is k x n */
         CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, dt, transa ? k : m, transa ? m : k, lda));
@@ -131,16 +133,21 @@ static int lt_matmul(Backend* be, void* D, const void* A, const void* Bm, int m,
         cublasLtMatmulPreference_t pref;
         CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
         size_t ws = c->lt_workspace_bytes;
-        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+            pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
         uint32_t al[3] = {(uint32_t)key.alignA, (uint32_t)key.alignB, (uint32_t)key.alignD};
-        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], sizeof al[0]));
-        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], sizeof al[1]));
-        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], sizeof al[2]));
-        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[2], sizeof al[2]));
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+            pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], sizeof al[0]));
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+            pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], sizeof al[1]));
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+            pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], sizeof al[2]));
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+            pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[2], sizeof al[2]));
         cublasLtMatmulHeuristicResult_t res;
         int count = 0;
-        cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->a, p->b, p->d, p->d,
-                                                          pref, 1, &res, &count);
+        cublasStatus_t s =
+            cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->a, p->b, p->d, p->d, pref, 1, &res, &count);
         CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
         /* any refusal (not supported, invalid for these sizes) -> fallback path */
         if (s == CUBLAS_STATUS_SUCCESS && count > 0) {
@@ -152,12 +159,14 @@ static int lt_matmul(Backend* be, void* D, const void* A, const void* Bm, int m,
     }
     if (!p->ok) return 0;
     if (bias)
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+        CUBLAS_CHECK(
+            cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
     if (aux)
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+            p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
     float alpha = 1.0f;
-    CUBLAS_CHECK(cublasLtMatmul(c->lt, p->desc, &alpha, A, p->a, Bm, p->b, &beta, D, p->d, D, p->d,
-                                &p->algo, c->lt_workspace, c->lt_workspace_bytes, c->stream));
+    CUBLAS_CHECK(cublasLtMatmul(c->lt, p->desc, &alpha, A, p->a, Bm, p->b, &beta, D, p->d, D, p->d, &p->algo,
+                                c->lt_workspace, c->lt_workspace_bytes, c->stream));
     return 1;
 }
 
@@ -165,10 +174,10 @@ static int lt_matmul(Backend* be, void* D, const void* A, const void* Bm, int m,
  * bf16): one thread per output element, fp32 sum over k in order. Slow, but
  * only odd test-sized problems take it. */
 template <typename T>
-__global__ void naive_gemm_kernel(T* D, const T* A, const T* Bm, int m, int n, int k, int transa,
-                                  int transb, int lda, int ldb, int ldd, float beta, const T* bias) {
-    int i = blockIdx.y * blockDim.x + threadIdx.x;  /* row of D */
-    int j = blockIdx.x;                             /* column of D */
+__global__ void naive_gemm_kernel(T* D, const T* A, const T* Bm, int m, int n, int k, int transa, int transb,
+                                  int lda, int ldb, int ldd, float beta, const T* bias) {
+    int i = blockIdx.y * blockDim.x + threadIdx.x; /* row of D */
+    int j = blockIdx.x;                            /* column of D */
     if (i >= m) return;
     float s = 0.0f;
     for (int p = 0; p < k; p++) {
@@ -182,11 +191,10 @@ __global__ void naive_gemm_kernel(T* D, const T* A, const T* Bm, int m, int n, i
     *d = from_f<T>(s);
 }
 
-static void lt_matmul_required(Backend* be, void* D, const void* A, const void* Bm, int m, int n,
-                               int k, int transa, int transb, int lda, int ldb, int ldd,
-                               float beta, cublasLtEpilogue_t epi, const void* bias) {
-    if (lt_matmul(be, D, A, Bm, m, n, k, transa, transb, lda, ldb, ldd, beta, epi, bias, NULL, 0))
-        return;
+static void lt_matmul_required(Backend* be, void* D, const void* A, const void* Bm, int m, int n, int k,
+                               int transa, int transb, int lda, int ldb, int ldd, float beta,
+                               cublasLtEpilogue_t epi, const void* bias) {
+    if (lt_matmul(be, D, A, Bm, m, n, k, transa, transb, lda, ldb, ldd, beta, epi, bias, NULL, 0)) return;
     cudaStream_t st = cuda_ctx(be)->stream;
     dim3 grid(n, cdiv(m, 128));
     if (be->dtype == DTYPE_BF16)
@@ -203,8 +211,7 @@ void cuda_matmul_forward(Backend* be, void* out, void* pre_gelu, const void* inp
     if (N == 0 || OC == 0) return;
     if (pre_gelu) {
         cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
-        if (OC % 8 == 0 &&
-            lt_matmul(be, out, w, inp, OC, N, C, 1, 0, C, C, OC, 0.0f, epi, bias, pre_gelu, OC))
+        if (OC % 8 == 0 && lt_matmul(be, out, w, inp, OC, N, C, 1, 0, C, C, OC, 0.0f, epi, bias, pre_gelu, OC))
             return;
         /* unfused: pre_gelu = inp @ w^T + b, then out = gelu(pre_gelu) */
         lt_matmul_required(be, pre_gelu, w, inp, OC, N, C, 1, 0, C, C, OC, 0.0f,
@@ -217,8 +224,8 @@ void cuda_matmul_forward(Backend* be, void* out, void* pre_gelu, const void* inp
 }
 
 /* ---- dbias[OC] += column sums of dout[N, OC] ---- */
-#define DB_ROWT 32  /* row-threads per block */
-#define DB_COLS 8   /* column-threads per block, each with V columns */
+#define DB_ROWT 32   /* row-threads per block */
+#define DB_COLS 8    /* column-threads per block, each with V columns */
 #define DB_CHUNKS 64 /* row chunks (grid.y) */
 
 template <typename T, int V>
@@ -251,8 +258,7 @@ __global__ void dbias_partial_kernel(float* partial, const T* dout, int N, int O
     }
 }
 
-template <typename T>
-__global__ void dbias_final_kernel(T* dbias, const float* partial, int chunks, int OC) {
+template <typename T> __global__ void dbias_final_kernel(T* dbias, const float* partial, int chunks, int OC) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= OC) return;
     float s = 0.0f;
@@ -260,8 +266,7 @@ __global__ void dbias_final_kernel(T* dbias, const float* partial, int chunks, i
     dbias[c] = from_f<T>(to_f<T>(dbias[c]) + s);
 }
 
-template <typename T>
-static void dbias_launch(Backend* be, T* dbias, const T* dout, int N, int OC) {
+template <typename T> static void dbias_launch(Backend* be, T* dbias, const T* dout, int N, int OC) {
     cudaStream_t st = cuda_ctx(be)->stream;
     constexpr int VV = Vec16<T>::N;
     int chunks = N < DB_CHUNKS ? N : DB_CHUNKS;
@@ -288,24 +293,22 @@ void cuda_matmul_backward_weight(Backend* be, void* dw, const void* dout, int ld
                                  int C, int OC) {
     if (N == 0 || C == 0 || OC == 0) return;
     if (ld_dout < OC) fatal("matmul_backward_weight: ld_dout %d is smaller than OC %d", ld_dout, OC);
-    lt_matmul_required(be, dw, inp, dout, C, OC, N, 0, 1, C, ld_dout, C, 1.0f, CUBLASLT_EPILOGUE_DEFAULT,
-                       NULL);
+    lt_matmul_required(be, dw, inp, dout, C, OC, N, 0, 1, C, ld_dout, C, 1.0f, CUBLASLT_EPILOGUE_DEFAULT, NULL);
 }
 
-void cuda_matmul_backward(Backend* be, void* dinp, void* dw, void* dbias, const void* dout,
-                          const void* inp, const void* w, const void* pre_gelu, int N, int C,
-                          int OC) {
+void cuda_matmul_backward(Backend* be, void* dinp, void* dw, void* dbias, const void* dout, const void* inp,
+                          const void* w, const void* pre_gelu, int N, int C, int OC) {
     if (N == 0 || C == 0 || OC == 0) return;
     /* dinp = dout @ w (overwrite), with the GELU backward fused when asked;
      * skipped when dinp is NULL */
     if (dinp) {
         int done = 0;
         if (pre_gelu && C % 8 == 0)
-            done = lt_matmul(be, dinp, w, dout, C, N, OC, 0, 0, C, OC, C, 0.0f, CUBLASLT_EPILOGUE_DGELU,
-                             NULL, pre_gelu, C);
+            done = lt_matmul(be, dinp, w, dout, C, N, OC, 0, 0, C, OC, C, 0.0f, CUBLASLT_EPILOGUE_DGELU, NULL,
+                             pre_gelu, C);
         if (!done) {
-            lt_matmul_required(be, dinp, w, dout, C, N, OC, 0, 0, C, OC, C, 0.0f,
-                               CUBLASLT_EPILOGUE_DEFAULT, NULL);
+            lt_matmul_required(be, dinp, w, dout, C, N, OC, 0, 0, C, OC, C, 0.0f, CUBLASLT_EPILOGUE_DEFAULT,
+                               NULL);
             if (pre_gelu) cuda_gelu_backward(be, dinp, pre_gelu, dinp, (size_t)N * C);
         }
     }

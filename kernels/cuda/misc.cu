@@ -25,8 +25,7 @@ static unsigned ew_blocks(size_t nvec, int threads) {
 }
 
 /* ---- conversions ---- */
-template <typename S, typename D, int V>
-__global__ void convert_kernel(D* dst, const S* src, size_t nvec) {
+template <typename S, typename D, int V> __global__ void convert_kernel(D* dst, const S* src, size_t nvec) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < nvec;
          i += (size_t)gridDim.x * blockDim.x) {
         float x[V];
@@ -35,10 +34,9 @@ __global__ void convert_kernel(D* dst, const S* src, size_t nvec) {
     }
 }
 
-template <typename S, typename D>
-static void convert_launch(cudaStream_t st, D* dst, const S* src, size_t n) {
+template <typename S, typename D> static void convert_launch(cudaStream_t st, D* dst, const S* src, size_t n) {
     if (n == 0) return;
-    constexpr int V = 4;  /* 4 elements: 16 bytes of fp32, 8 of bf16 */
+    constexpr int V = 4; /* 4 elements: 16 bytes of fp32, 8 of bf16 */
     if (n % V == 0 && aligned16(dst) && aligned16(src)) {
         convert_kernel<S, D, V><<<ew_blocks(n / V, 256), 256, 0, st>>>(dst, src, n / V);
     } else {
@@ -88,21 +86,18 @@ void cuda_residual_forward(Backend* be, void* out, const void* inp1, const void*
     cudaStream_t st = cuda_ctx(be)->stream;
     if (be->dtype == DTYPE_BF16)
         binary_launch<bf16, 0>(st, (bf16*)out, (const bf16*)inp1, (const bf16*)inp2, n);
-    else
-        binary_launch<float, 0>(st, (float*)out, (const float*)inp1, (const float*)inp2, n);
+    else binary_launch<float, 0>(st, (float*)out, (const float*)inp1, (const float*)inp2, n);
 }
 
 void cuda_gelu_backward(Backend* be, void* dinp, const void* inp, const void* dout, size_t n) {
     cudaStream_t st = cuda_ctx(be)->stream;
     if (be->dtype == DTYPE_BF16)
         binary_launch<bf16, 1>(st, (bf16*)dinp, (const bf16*)inp, (const bf16*)dout, n);
-    else
-        binary_launch<float, 1>(st, (float*)dinp, (const float*)inp, (const float*)dout, n);
+    else binary_launch<float, 1>(st, (float*)dinp, (const float*)inp, (const float*)dout, n);
 }
 
 /* ---- gelu forward ---- */
-template <typename T, int V>
-__global__ void gelu_fwd_kernel(T* out, const T* inp, size_t nvec) {
+template <typename T, int V> __global__ void gelu_fwd_kernel(T* out, const T* inp, size_t nvec) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < nvec;
          i += (size_t)gridDim.x * blockDim.x) {
         float x[V];
@@ -113,8 +108,7 @@ __global__ void gelu_fwd_kernel(T* out, const T* inp, size_t nvec) {
     }
 }
 
-template <typename T>
-static void gelu_fwd_launch(cudaStream_t st, T* out, const T* inp, size_t n) {
+template <typename T> static void gelu_fwd_launch(cudaStream_t st, T* out, const T* inp, size_t n) {
     if (n == 0) return;
     constexpr int V = Vec16<T>::N;
     if (n % V == 0 && aligned16(out) && aligned16(inp)) {

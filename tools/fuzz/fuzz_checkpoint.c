@@ -20,8 +20,12 @@
 #include "fuzz_common.h"
 
 static GPT2Config tiny_cfg(void) {
-    GPT2Config c = {.max_seq_len = 8, .vocab_size = 16, .padded_vocab_size = 16, .num_layers = 1,
-                    .num_heads = 1, .channels = 4};
+    GPT2Config c = {.max_seq_len = 8,
+                    .vocab_size = 16,
+                    .padded_vocab_size = 16,
+                    .num_layers = 1,
+                    .num_heads = 1,
+                    .channels = 4};
     return c;
 }
 
@@ -46,14 +50,15 @@ static void read_body(void* ctx) {
         Optimizer o;
         optimizer_init(&o, be, &(OptBuffer){.params = m.params, .pieces = pieces, .npieces = n}, 1);
         int ns2;
-        CkptSpan* spans = ckpt_spans(&L, &m, o.bufs[0].pieces, o.bufs[0].npieces, o.bufs[0].pieces, o.bufs[0].npieces, &ns2);
+        CkptSpan* spans =
+            ckpt_spans(&L, &m, o.bufs[0].pieces, o.bufs[0].npieces, o.bufs[0].pieces, o.bufs[0].npieces, &ns2);
         char path[512];
         snprintf(path, sizeof path, "%s/state.bin", dir);
         int rd = ckpt_read_state(path, be, m.num_parameters, spans, ns2, o.master, o.m, o.v, err, sizeof err);
         if (getenv("FUZZ_VERBOSE")) fprintf(stdout, "fuzz_checkpoint: read %s\n", rd == 0 ? "ok" : err);
         if (rd == 0)
             for (size_t i = 0; i < o.nstate; i++)
-                if (o.v[i] < 0) abort();   /* the reader refuses negative second moments */
+                if (o.v[i] < 0) abort(); /* the reader refuses negative second moments */
         free(spans);
         optimizer_free(&o);
     }
@@ -77,16 +82,17 @@ static void parse_body(void* ctx) {
     if (ckpt_done_parse((const char*)c->data, c->size, &d, err, sizeof err) == 0) {
         char text[CKPT_DONE_MAX];
         int len = ckpt_done_format(&d, text, sizeof text);
-        if (len <= 0 || len >= (int)sizeof text || ckpt_done_parse(text, (size_t)len, &d2, err, sizeof err) != 0 ||
-            memcmp(&d, &d2, sizeof d) != 0)
-            abort();   /* the formatter writes what the parser reads */
+        if (len <= 0 || len >= (int)sizeof text ||
+            ckpt_done_parse(text, (size_t)len, &d2, err, sizeof err) != 0 || memcmp(&d, &d2, sizeof d) != 0)
+            abort(); /* the formatter writes what the parser reads */
     }
     if (ckpt_header_decode(c->data, c->size, &h, err, sizeof err) == 0) {
         unsigned char again[CKPT_HEADER_BYTES];
         CkptHeader h2;
         ckpt_header_encode(&h, again);
-        if (ckpt_header_decode(again, sizeof again, &h2, err, sizeof err) != 0 || memcmp(&h, &h2, sizeof h) != 0)
-            abort();   /* the encoder writes what the decoder read */
+        if (ckpt_header_decode(again, sizeof again, &h2, err, sizeof err) != 0 ||
+            memcmp(&h, &h2, sizeof h) != 0)
+            abort(); /* the encoder writes what the decoder read */
         /* and the same slot values, but the upper half of a float's slot, which the decoder ignores */
         for (int i = 0; i < ckpt_nfields; i++) {
             int s = ckpt_fields[i].slot, n = ckpt_fields[i].type == CKPT_F32 ? 4 : 8;
@@ -115,7 +121,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     static char dir[256];
     static size_t P;
     char path[512];
-    if (!dir[0]) {   /* once: the checkpoint directory and its valid model.bin */
+    if (!dir[0]) { /* once: the checkpoint directory and its valid model.bin */
         GPT2Config cfg = tiny_cfg();
         P = gpt2_num_parameters(&cfg);
         snprintf(dir, sizeof dir, "%s/ckpt", fuzz_temp_dir());
@@ -134,7 +140,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     fuzz_write_file("ckpt/state.bin", data, size, path, sizeof path);
     int64_t step = 0;
-    if (size >= 40) memcpy(&step, data + 32, 8);   /* the header's step slot */
+    if (size >= 40) memcpy(&step, data + 32, 8); /* the header's step slot */
     if (step < 0 || step > 2147483647) step = 0;
     char text[256];
     /* model.bin's crc: once per process, from the file */
@@ -147,8 +153,9 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (ckpt_crc32_file(path, &model_crc, &b, err, sizeof err) != 0) abort();
         have_crc = 1;
     }
-    int len = snprintf(text, sizeof text, "gpt2-checkpoint v1\nstep %d\nmodel.bin %zu crc32 %08x\nstate.bin %zu crc32 %08x\n",
-                   (int)step, (size_t)ckpt_model_bytes(P), model_crc, size, ckpt_crc32(0, data, size));
+    int len = snprintf(text, sizeof text,
+                       "gpt2-checkpoint v1\nstep %d\nmodel.bin %zu crc32 %08x\nstate.bin %zu crc32 %08x\n",
+                       (int)step, (size_t)ckpt_model_bytes(P), model_crc, size, ckpt_crc32(0, data, size));
     fuzz_write_file("ckpt/DONE", (const uint8_t*)text, (size_t)len, path, sizeof path);
     fuzz_run(read_body, dir);
     char logp[512];

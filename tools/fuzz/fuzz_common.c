@@ -26,11 +26,11 @@ int __real_fclose(FILE* f);
 #define FUZZ_TOMB ((void*)1)
 typedef struct {
     void** slot;
-    size_t cap, used, live;   /* used counts live + tombstones */
+    size_t cap, used, live; /* used counts live + tombstones */
 } FuzzSet;
 
 static FuzzSet g_allocs, g_files;
-static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;   /* kernels allocate scratch in OpenMP threads */
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER; /* kernels allocate scratch in OpenMP threads */
 static int g_tracking;
 static jmp_buf* g_jump;
 
@@ -46,7 +46,7 @@ static void fuzz_set_add(FuzzSet* s, void* p);
 static void fuzz_set_grow(FuzzSet* s) {
     FuzzSet old = *s;
     s->cap = old.cap ? old.cap * 2 : 1024;
-    if (old.cap && old.live * 4 < old.cap) s->cap = old.cap;   /* mostly tombstones: rebuild in place */
+    if (old.cap && old.live * 4 < old.cap) s->cap = old.cap; /* mostly tombstones: rebuild in place */
     s->slot = __real_calloc(s->cap, sizeof(void*));
     if (!s->slot) abort();
     s->used = s->live = 0;
@@ -106,7 +106,7 @@ void* __wrap_calloc(size_t n, size_t s) {
 void* __wrap_realloc(void* p, size_t n) {
     int had = fuzz_untrack(&g_allocs, p);
     void* q = __real_realloc(p, n);
-    if (!q && n && had) fuzz_track(&g_allocs, p);   /* failed: p still ours */
+    if (!q && n && had) fuzz_track(&g_allocs, p); /* failed: p still ours */
     else if (g_tracking || had) fuzz_track(&g_allocs, q);
     return q;
 }
@@ -145,7 +145,7 @@ static void fuzz_fatal_hook(void* ctx) {
     if (g_jump) longjmp(*g_jump, 1);
 }
 
-static FILE* g_quiet;   /* fatal()'s messages go here instead of stderr (sanitizer reports still reach fd 2) */
+static FILE* g_quiet; /* fatal()'s messages go here instead of stderr (sanitizer reports still reach fd 2) */
 
 int fuzz_run(void (*body)(void* ctx), void* ctx) {
     if (!g_quiet) {
@@ -167,7 +167,7 @@ int fuzz_run(void (*body)(void* ctx), void* ctx) {
                 g_allocs.live, g_files.live, getenv("FUZZ_LEAK_REPORT") ? " (left for LeakSanitizer)" : "");
         fflush(stdout);
         if (!getenv("FUZZ_LEAK_REPORT")) abort();
-        memset(&g_files, 0, sizeof g_files);   /* forget them: LeakSanitizer reports where they came from */
+        memset(&g_files, 0, sizeof g_files); /* forget them: LeakSanitizer reports where they came from */
         memset(&g_allocs, 0, sizeof g_allocs);
     }
     fuzz_release_all();

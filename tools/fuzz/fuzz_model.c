@@ -18,8 +18,8 @@
 
 typedef struct {
     const char* path;
-    int decoded;            /* gpt2_header_decode accepted the input's header */
-    GPT2Config cfg;         /* ... with this shape and version */
+    int decoded;    /* gpt2_header_decode accepted the input's header */
+    GPT2Config cfg; /* ... with this shape and version */
     int version;
 } ModelInput;
 
@@ -28,7 +28,7 @@ static void check_codec(const uint8_t* data, size_t size, ModelInput* in) {
     int32_t h[GPT2_HEADER_INTS];
     memset(h, 0, sizeof h);
     memcpy(h, data, size < sizeof h ? size : sizeof h);
-    char err[64];   /* shorter than some reasons: they are cut, still terminated */
+    char err[64]; /* shorter than some reasons: they are cut, still terminated */
     err[0] = '\0';
     in->decoded = gpt2_header_decode(h, &in->cfg, &in->version, err, sizeof err) == 0;
     if (!in->decoded) {
@@ -62,7 +62,7 @@ static void model_body(void* ctx) {
     if (m.num_parameters != gpt2_num_parameters(&cfg)) abort();
     Layout L;
     char err[256];
-    if (layout_build(&L, specs, ns, 1u << 20, 1, 1, 64, err, sizeof err) != 0) abort();   /* valid specs */
+    if (layout_build(&L, specs, ns, 1u << 20, 1, 1, 64, err, sizeof err) != 0) abort(); /* valid specs */
     gpt2_bind(&m, be, &L);
     gpt2_load(&m, path);
     int T = cfg.max_seq_len < 4 ? cfg.max_seq_len : 4;

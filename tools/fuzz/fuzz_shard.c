@@ -24,7 +24,7 @@ static void shard_body(void* ctx) {
     for (int k = 0; k < 4; k++) {
         dataloader_rows(&dl, rows[k], n, in, tg);
         for (int i = 0; i < n * c->T; i++)
-            if (in[i] < 0 || in[i] >= V || tg[i] < 0 || tg[i] >= V) abort();   /* validated, so never */
+            if (in[i] < 0 || in[i] >= V || tg[i] < 0 || tg[i] >= V) abort(); /* validated, so never */
     }
     free(in);
     free(tg);

@@ -17,7 +17,7 @@ static void tok_body(void* ctx) {
     Tokenizer t;
     tokenizer_init(&t, c->path);
     for (uint32_t i = 0; i < t.vocab_size; i++)
-        if (!tokenizer_decode(&t, i)) abort();   /* every id below the vocab size decodes */
+        if (!tokenizer_decode(&t, i)) abort(); /* every id below the vocab size decodes */
     if (tokenizer_decode(&t, t.vocab_size)) abort();
     int ids[72], n = 0;
     for (uint32_t i = 0; i < t.vocab_size && n < 64; i++) ids[n++] = (int)i;
@@ -30,7 +30,7 @@ static void tok_body(void* ctx) {
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     static FILE* sink;
-    if (!sink) sink = fopen("/dev/null", "w");   /* opened outside fuzz_run: not tracked */
+    if (!sink) sink = fopen("/dev/null", "w"); /* opened outside fuzz_run: not tracked */
     char path[256];
     fuzz_write_file("tokenizer.bin", data, size, path, sizeof path);
     TokCase c = {path, sink};
