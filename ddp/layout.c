@@ -76,14 +76,9 @@ static const char* layout_pname(const LayoutParamSpec* s, int i, char* buf, size
     return buf;
 }
 
-int layout_build(Layout* L, const LayoutParamSpec* specs, int nparams, size_t bucket_size,
-                 int buckets_per_group, int world, size_t align, char* err, size_t errlen) {
-    if (err && errlen) err[0] = '\0';
-    if (!L) {
-        layout_set_err(err, errlen, "layout: no Layout to fill");
-        return -1;
-    }
-    memset(L, 0, sizeof *L);
+/* The arguments layout_build takes, checked: 0, or -1 with the error. */
+static int layout_check_args(const LayoutParamSpec* specs, int nspecs, size_t bucket_size,
+                             int buckets_per_group, int world, size_t align, char* err, size_t errlen) {
     if (world < 1) {
         layout_set_err(err, errlen, "layout: world size %d must be >= 1", world);
         return -1;
@@ -100,50 +95,45 @@ int layout_build(Layout* L, const LayoutParamSpec* specs, int nparams, size_t bu
         layout_set_err(err, errlen, "layout: buckets_per_group %d must be >= 1", buckets_per_group);
         return -1;
     }
-    if (nparams < 1 || !specs) {
-        layout_set_err(err, errlen, "layout: need at least one parameter (got %d)", nparams);
+    if (nspecs < 1 || !specs) {
+        layout_set_err(err, errlen, "layout: need at least one parameter (got %d)", nspecs);
         return -1;
     }
     char nbuf[32];
-    for (int i = 0; i < nparams; i++) {
+    for (int i = 0; i < nspecs; i++) {
         if (specs[i].numel == 0) {
             layout_set_err(err, errlen, "layout: parameter %s has zero elements",
                            layout_pname(&specs[i], i, nbuf, sizeof nbuf));
             return -1;
         }
+        if (specs[i].row_len && specs[i].numel % specs[i].row_len != 0) {
+            layout_set_err(err, errlen,
+                           "layout: parameter %s has %zu elements, not a multiple of its row length %zu",
+                           layout_pname(&specs[i], i, nbuf, sizeof nbuf), specs[i].numel, specs[i].row_len);
+            return -1;
+        }
     }
-    size_t m; /* every bucket length is a multiple of m */
-    if (!layout_lcm((size_t)world, 128, &m) || !layout_lcm(m, align, &m)) {
-        layout_set_err(err, errlen, "layout: lcm(world %d, 128, align %zu) overflows size_t", world, align);
-        return -1;
-    }
+    return 0;
+}
 
-    /* Expand the specs into layout parameters: a spec cut into row chunks
-     * gives one parameter per chunk (spec_off = its first element), each
-     * with a bucket break before it, and a break after the last one. */
-    const int nspecs = nparams;
+/* Step 1: the specs expanded into layout parameters. A spec cut into row
+ * chunks gives one parameter per chunk (spec_off = its first element), each
+ * with a bucket break before it, and a break after the last one. On success
+ * *params [count] and *brk [count + 1] (1: a bucket starts at this param) are
+ * allocated and the count is returned; -1: too large. */
+static int layout_expand_specs(const LayoutParamSpec* specs, int nspecs, size_t bucket_size, int world,
+                               size_t align, LayoutParam** params_out, unsigned char** brk_out) {
     size_t* chunk_rows = xcalloc((size_t)nspecs, sizeof *chunk_rows); /* 0: not cut */
     size_t nexp = 0;
     for (int s = 0; s < nspecs; s++) {
         size_t rl = specs[s].row_len;
-        if (rl == 0) {
-            nexp++;
-            continue;
-        }
-        if (specs[s].numel % rl != 0) {
-            free(chunk_rows);
-            layout_set_err(err, errlen,
-                           "layout: parameter %s has %zu elements, not a multiple of its row length %zu",
-                           layout_pname(&specs[s], s, nbuf, sizeof nbuf), specs[s].numel, rl);
-            return -1;
-        }
-        size_t rows = specs[s].numel / rl;
-        size_t cr = layout_chunk_rows(rows, rl, specs[s].row_align, bucket_size, world, align);
+        size_t rows = rl ? specs[s].numel / rl : 0;
+        size_t cr = rl ? layout_chunk_rows(rows, rl, specs[s].row_align, bucket_size, world, align) : 1;
         if (cr == 0) {
             free(chunk_rows);
-            goto too_large_specs;
+            return -1;
         }
-        if (cr < rows) {
+        if (rl && cr < rows) {
             chunk_rows[s] = cr;
             nexp += (rows + cr - 1) / cr;
         } else {
@@ -152,77 +142,83 @@ int layout_build(Layout* L, const LayoutParamSpec* specs, int nparams, size_t bu
     }
     if (nexp > (size_t)INT_MAX) {
         free(chunk_rows);
-        goto too_large_specs;
+        return -1;
     }
-    nparams = (int)nexp;
-    LayoutParam* params = xcalloc((size_t)nparams, sizeof *params);
-    unsigned char* brk = xcalloc((size_t)nparams + 1, 1); /* 1: a bucket starts at this param */
-    {
-        int k = 0;
-        for (int s = 0; s < nspecs; s++) {
-            if (specs[s].new_bucket) brk[k] = 1;
-            if (chunk_rows[s] == 0) {
-                params[k].numel = specs[s].numel;
-                params[k].spec = s;
-                params[k].spec_off = 0;
-                params[k].name = specs[s].name;
-                params[k].decay = specs[s].decay;
-                k++;
-                continue;
-            }
-            size_t rl = specs[s].row_len, rows = specs[s].numel / rl, cr = chunk_rows[s];
-            for (size_t r0 = 0; r0 < rows; r0 += cr) {
-                size_t nr = rows - r0 < cr ? rows - r0 : cr;
-                brk[k] = 1;
-                params[k].numel = nr * rl;
-                params[k].spec = s;
-                params[k].spec_off = r0 * rl;
-                params[k].name = specs[s].name;
-                params[k].decay = specs[s].decay;
-                k++;
-            }
-            brk[k] = 1; /* the bucket closes after the last chunk */
+    LayoutParam* params = xcalloc(nexp, sizeof *params);
+    unsigned char* brk = xcalloc(nexp + 1, 1);
+    int k = 0;
+    for (int s = 0; s < nspecs; s++) {
+        if (specs[s].new_bucket) brk[k] = 1;
+        size_t rl = specs[s].row_len, cr = chunk_rows[s];
+        size_t rows = cr ? specs[s].numel / rl : 1, chunk = cr ? cr * rl : specs[s].numel;
+        for (size_t r0 = 0; r0 < rows; r0 += cr ? cr : 1) {
+            size_t off = r0 * (cr ? rl : 0);
+            if (cr) brk[k] = 1;
+            params[k].numel = specs[s].numel - off < chunk ? specs[s].numel - off : chunk;
+            params[k].spec = s;
+            params[k].spec_off = off;
+            params[k].name = specs[s].name;
+            params[k].decay = specs[s].decay;
+            k++;
         }
+        if (cr) brk[k] = 1; /* the bucket closes after the last chunk */
     }
     free(chunk_rows);
+    *params_out = params;
+    *brk_out = brk;
+    return (int)nexp;
+}
 
+/* Step 2: offsets and buckets (the placement rules at the top of this file);
+ * fills L->params' offset and bucket, L->buckets, L->nbuckets, L->total and
+ * L->total_params. 0, or -1: too large. */
+static int layout_place(Layout* L, const unsigned char* brk, size_t m, int buckets_per_group) {
+    LayoutParam* params = L->params;
+    const int nparams = L->nparams;
     LayoutBucket* buckets = xcalloc((size_t)nparams, sizeof *buckets); /* at most one per param */
-    int nbuckets = 0;
-    size_t total_params = 0;
+    L->buckets = buckets;
     size_t bstart = 0;
     int i = 0;
     while (i < nparams) {
-        LayoutBucket* B = &buckets[nbuckets];
+        LayoutBucket* B = &buckets[L->nbuckets];
         B->start = bstart;
         B->first_param = i;
         size_t end = bstart; /* end of the last parameter placed in this bucket */
         for (;;) {
             size_t off = end;
-            if (i > B->first_param && !layout_round_up(end, align, &off)) goto too_large;
-            if (off > SIZE_MAX - params[i].numel) goto too_large;
+            if (i > B->first_param && !layout_round_up(end, L->align, &off)) return -1;
+            if (off > SIZE_MAX - params[i].numel) return -1;
             params[i].offset = off;
-            params[i].bucket = nbuckets;
+            params[i].bucket = L->nbuckets;
             end = off + params[i].numel;
-            total_params += params[i].numel; /* <= end, cannot overflow */
+            L->total_params += params[i].numel; /* <= end, cannot overflow */
             i++;
-            if (end - bstart >= bucket_size || i == nparams || brk[i]) break;
+            if (end - bstart >= L->bucket_size || i == nparams || brk[i]) break;
         }
         size_t bend;
-        if (!layout_round_up(end, m, &bend)) goto too_large;
+        if (!layout_round_up(end, m, &bend)) return -1;
         B->len = bend - bstart;
-        B->slice_len = B->len / (size_t)world;
+        B->slice_len = B->len / (size_t)L->world;
         B->nparams = i - B->first_param;
-        B->group = nbuckets / buckets_per_group;
-        nbuckets++;
+        B->group = L->nbuckets / buckets_per_group;
+        L->nbuckets++;
         bstart = bend;
     }
+    L->total = bstart;
+    return 0;
+}
 
-    /* Pieces: count (a parameter meets owners r0..r1 of its bucket), then fill
-     * in buffer order and sort stably by owner with a counting sort. */
+/* Step 3: the pieces (a parameter meets owners r0..r1 of its bucket):
+ * counted, then filled in buffer order and sorted stably by owner with a
+ * counting sort; fills L->pieces, npieces, rank_first_piece, rank_owned.
+ * 0, or -1: more pieces than an int counts. */
+static int layout_cut_pieces(Layout* L) {
+    const int world = L->world;
+    const LayoutParam* params = L->params;
     size_t* count = xcalloc((size_t)world + 1, sizeof *count);
     size_t np = 0;
-    for (int p = 0; p < nparams; p++) {
-        const LayoutBucket* B = &buckets[params[p].bucket];
+    for (int p = 0; p < L->nparams; p++) {
+        const LayoutBucket* B = &L->buckets[params[p].bucket];
         size_t r0 = (params[p].offset - B->start) / B->slice_len;
         size_t r1 = (params[p].offset + params[p].numel - 1 - B->start) / B->slice_len;
         np += r1 - r0 + 1;
@@ -230,7 +226,7 @@ int layout_build(Layout* L, const LayoutParamSpec* specs, int nparams, size_t bu
     }
     if (np > (size_t)INT_MAX || (size_t)world + 1 > SIZE_MAX / sizeof(int)) {
         free(count);
-        goto too_large;
+        return -1;
     }
     int* first = xmalloc(((size_t)world + 1) * sizeof *first);
     size_t* owned = xcalloc((size_t)world, sizeof *owned);
@@ -243,8 +239,8 @@ int layout_build(Layout* L, const LayoutParamSpec* specs, int nparams, size_t bu
         count[r] = (size_t)first[r]; /* now: next free slot of rank r */
     }
     first[world] = (int)acc;
-    for (int p = 0; p < nparams; p++) {
-        const LayoutBucket* B = &buckets[params[p].bucket];
+    for (int p = 0; p < L->nparams; p++) {
+        const LayoutBucket* B = &L->buckets[params[p].bucket];
         size_t x = params[p].offset, pend = params[p].offset + params[p].numel;
         while (x < pend) {
             size_t r = (x - B->start) / B->slice_len;
@@ -265,41 +261,52 @@ int layout_build(Layout* L, const LayoutParamSpec* specs, int nparams, size_t bu
     }
     free(count);
     free(next_state);
-
-    int ngroups = (nbuckets + buckets_per_group - 1) / buckets_per_group;
-    int* gfb = xmalloc(((size_t)ngroups + 1) * sizeof *gfb);
-    for (int g = 0; g < ngroups; g++) gfb[g] = g * buckets_per_group;
-    gfb[ngroups] = nbuckets;
-
-    L->world = world;
-    L->align = align;
-    L->bucket_size = bucket_size;
-    L->nparams = nparams;
-    L->params = params;
-    L->nbuckets = nbuckets;
-    L->buckets = buckets;
-    L->ngroups = ngroups;
-    L->group_first_bucket = gfb;
-    L->total = bstart;
-    L->total_params = total_params;
     L->npieces = (int)np;
     L->pieces = pieces;
     L->rank_first_piece = first;
     L->rank_owned = owned;
-    L->nspecs = nspecs;
-    free(brk);
     return 0;
+}
 
-too_large:
-    free(params);
-    free(buckets);
+int layout_build(Layout* L, const LayoutParamSpec* specs, int nspecs, size_t bucket_size, int buckets_per_group,
+                 int world, size_t align, char* err, size_t errlen) {
+    if (err && errlen) err[0] = '\0';
+    if (!L) {
+        layout_set_err(err, errlen, "layout: no Layout to fill");
+        return -1;
+    }
+    memset(L, 0, sizeof *L);
+    if (layout_check_args(specs, nspecs, bucket_size, buckets_per_group, world, align, err, errlen) != 0)
+        return -1;
+    size_t m; /* every bucket length is a multiple of m */
+    if (!layout_lcm((size_t)world, 128, &m) || !layout_lcm(m, align, &m)) {
+        layout_set_err(err, errlen, "layout: lcm(world %d, 128, align %zu) overflows size_t", world, align);
+        return -1;
+    }
+    L->world = world;
+    L->align = align;
+    L->bucket_size = bucket_size;
+    L->nspecs = nspecs;
+    unsigned char* brk = NULL;
+    L->nparams = layout_expand_specs(specs, nspecs, bucket_size, world, align, &L->params, &brk);
+    int rc = L->nparams < 0 ? -1 : layout_place(L, brk, m, buckets_per_group);
+    if (rc == 0) rc = layout_cut_pieces(L);
     free(brk);
-too_large_specs:
-    layout_set_err(err, errlen,
-                   "layout: the flat buffer (%d parameters, world %d, align %zu) is too large to "
-                   "address with size_t",
-                   nspecs, world, align);
-    return -1;
+    if (rc != 0) {
+        free(L->params);
+        free(L->buckets);
+        memset(L, 0, sizeof *L);
+        layout_set_err(err, errlen,
+                       "layout: the flat buffer (%d parameters, world %d, align %zu) is too large to "
+                       "address with size_t",
+                       nspecs, world, align);
+        return -1;
+    }
+    L->ngroups = (L->nbuckets + buckets_per_group - 1) / buckets_per_group;
+    L->group_first_bucket = xmalloc(((size_t)L->ngroups + 1) * sizeof *L->group_first_bucket);
+    for (int g = 0; g < L->ngroups; g++) L->group_first_bucket[g] = g * buckets_per_group;
+    L->group_first_bucket[L->ngroups] = L->nbuckets;
+    return 0;
 }
 
 void layout_free(Layout* L) {

@@ -97,13 +97,14 @@ typedef struct {
     int nspecs;            /* specs it was built from; <= nparams */
 } Layout;
 
-/* Builds the layout from nparams specs (L->nparams counts the parameters
+/* Builds the layout from nspecs specs (L->nparams counts the parameters
  * after row chunks are cut). Returns 0, or -1 with a one-line reason in err
  * (which has errlen bytes) for invalid arguments (world < 1, align < 1,
- * bucket_size < 1, nparams < 1, a zero numel, bucket_per_group < 1, a
- * row_len that does not divide numel). */
-int layout_build(Layout* L, const LayoutParamSpec* specs, int nparams, size_t bucket_size,
-                 int buckets_per_group, int world, size_t align, char* err, size_t errlen);
+ * bucket_size < 1, nspecs < 1, a zero numel, bucket_per_group < 1, a
+ * row_len that does not divide numel) and for a layout too large for size_t;
+ * on -1, L is zeroed (nothing to free). */
+int layout_build(Layout* L, const LayoutParamSpec* specs, int nspecs, size_t bucket_size, int buckets_per_group,
+                 int world, size_t align, char* err, size_t errlen);
 void layout_free(Layout* L);
 
 /* The pieces rank r owns, as OptPieces (state_off in r's state, grad_off =
