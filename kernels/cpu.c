@@ -12,15 +12,15 @@
  * compile-time L and combine the lanes in a fixed order; grad_sumsq sums
  * fixed-size chunks in double and adds the chunk sums in order. The build
  * uses -ffp-contract=off and no -ffast-math, so the compiler reassociates
- * nothing and fuses no multiply-add: the bits are the same for any thread
- * count, and for any SIMD width.
+ * nothing and fuses no multiply-add on its own: the bits are the same for
+ * any thread count, and for any SIMD width.
  *
- * The matmuls are a packed GEMM (GotoBLAS-style blocking): blocks of A and B
- * are packed into contiguous micro-panels and a register-tiled micro-kernel
- * (MR rows x NR columns of C, GCC vector extensions) broadcasts one A value
- * per row and updates NR independent output columns per k. exp is our own
- * (exp_f: add/mul only) so the softmax and GELU loops vectorise. */
+ * The matmuls are the packed GEMM of cpu_gemm.h, which fuses its
+ * multiply-adds explicitly (the same bits from each of its micro-kernels,
+ * picked at run time by what the CPU supports). exp is our own (exp_f:
+ * add/mul only) so the softmax and GELU loops vectorise. */
 #include "kernels.h"
+#include "cpu_gemm.h"
 
 #include <limits.h>
 #include <math.h>
@@ -229,232 +229,14 @@ static void cpu_gelu_backward(Backend* be, void* dinp_, const void* inp_, const 
 
 /* -------------------------------------------------------------------- GEMM */
 
-#if defined(__AVX512F__)
-#define GEMM_VW 16
-#define GEMM_MR 8 /* 8 x 2 zmm accumulators of 32 */
-#else
-#define GEMM_VW 8
-#define GEMM_MR 6 /* 6 x 2 ymm accumulators of 16 */
-#endif
-#define GEMM_NR (2 * GEMM_VW)
-#ifndef GEMM_MC
-#define GEMM_MC 96 /* rows of A per task: a multiple of MR */
-#endif
-#ifndef GEMM_KC
-#define GEMM_KC 256 /* k-block: an MR x KC A panel and a KC x NR B panel sit in L1 */
-#endif
-
-typedef float gemm_vec __attribute__((vector_size(GEMM_VW * 4)));
-typedef float gemm_vecu __attribute__((vector_size(GEMM_VW * 4), aligned(4)));
-
-/* C[M,N] (=|+=) A[M,K] B[K,N] with A(i,k) = A[i*a_rs + k*a_cs] and
- * B(k,j) = B[k*b_rs + j*b_cs]; C row-major with leading dimension ldc.
- * accumulate=0: C = bias (or 0) + A B; accumulate=1: C += A B.
- * Per element: start value, then + a(i,k)*b(k,j) for k = 0..K-1 in order
- * (partial sums are stored to C between k-blocks: still fp32, same bits). */
 typedef struct {
-    int M, N, K;
-    const float* A;
-    ptrdiff_t a_rs, a_cs;
-    const float* B;
-    ptrdiff_t b_rs, b_cs;
-    float* C;
-    ptrdiff_t ldc;
-    int accumulate;
-    const float* bias;
-} GemmArgs;
+    const GemmKernel* gemm; /* picked at creation by what the CPU runs (cpu_gemm.h) */
+} CpuCtx;
 
-/* One MR x NR tile of C over kc packed steps. init_row != NULL: start every
- * row from init_row[0..NR); else start from the tile at Cc. */
-static inline __attribute__((always_inline)) void gemm_micro(
-    int kc, const float* restrict Ap, const float* restrict Bp, float* restrict Cc, ptrdiff_t ldc,
-    const float* restrict init_row) {
-    gemm_vec acc[GEMM_MR][2];
-    if (init_row) {
-        gemm_vec i0 = *(const gemm_vec*)init_row;
-        gemm_vec i1 = *(const gemm_vec*)(init_row + GEMM_VW);
-#pragma GCC unroll 8
-        for (int r = 0; r < GEMM_MR; r++) {
-            acc[r][0] = i0;
-            acc[r][1] = i1;
-        }
-    } else {
-#pragma GCC unroll 8
-        for (int r = 0; r < GEMM_MR; r++) {
-            acc[r][0] = *(const gemm_vecu*)(Cc + r * ldc);
-            acc[r][1] = *(const gemm_vecu*)(Cc + r * ldc + GEMM_VW);
-        }
-    }
-    for (int k = 0; k < kc; k++) {
-        const gemm_vec b0 = *(const gemm_vec*)(Bp + (size_t)k * GEMM_NR);
-        const gemm_vec b1 = *(const gemm_vec*)(Bp + (size_t)k * GEMM_NR + GEMM_VW);
-        const float* a = Ap + (size_t)k * GEMM_MR;
-#pragma GCC unroll 8
-        for (int r = 0; r < GEMM_MR; r++) {
-            const float ar = a[r];
-            acc[r][0] += b0 * ar;
-            acc[r][1] += b1 * ar;
-        }
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < GEMM_MR; r++) {
-        *(gemm_vecu*)(Cc + r * ldc) = acc[r][0];
-        *(gemm_vecu*)(Cc + r * ldc + GEMM_VW) = acc[r][1];
-    }
-}
-
-/* Pack rows [i0, i0+mc) x cols [k0, k0+kc) of A into MR-row micro-panels:
- * panel p, step k, row r at Ap[p*MR*kc + k*MR + r]; rows past mc are 0. */
-static void gemm_pack_a(const GemmArgs* g, float* restrict Ap, int i0, int mc, int k0, int kc) {
-    for (int ip = 0; ip < mc; ip += GEMM_MR) {
-        float* dst = Ap + (size_t)ip * kc;
-        int rows = mc - ip < GEMM_MR ? mc - ip : GEMM_MR;
-        if (g->a_cs == 1) {
-            for (int r = 0; r < GEMM_MR; r++) {
-                if (r < rows) {
-                    const float* src = g->A + (ptrdiff_t)(i0 + ip + r) * g->a_rs + k0;
-                    for (int k = 0; k < kc; k++) dst[(size_t)k * GEMM_MR + r] = src[k];
-                } else {
-                    for (int k = 0; k < kc; k++) dst[(size_t)k * GEMM_MR + r] = 0.0f;
-                }
-            }
-        } else {
-            for (int k = 0; k < kc; k++) {
-                const float* src = g->A + (ptrdiff_t)(i0 + ip) * g->a_rs + (ptrdiff_t)(k0 + k) * g->a_cs;
-                for (int r = 0; r < GEMM_MR; r++)
-                    dst[(size_t)k * GEMM_MR + r] = r < rows ? src[r * g->a_rs] : 0.0f;
-            }
-        }
-    }
-}
-
-/* Pack rows [k0, k0+kc) x cols [j0, j0+NR) of B (cols past N are 0) into
- * one micro-panel: step k, col j at dst[k*NR + j]. */
-static void gemm_pack_b_panel(const GemmArgs* g, float* restrict dst, int j0, int k0, int kc) {
-    const int cols = g->N - j0 < GEMM_NR ? g->N - j0 : GEMM_NR;
-    if (g->b_cs == 1) {
-        for (int k = 0; k < kc; k++) {
-            const float* src = g->B + (ptrdiff_t)(k0 + k) * g->b_rs + j0;
-            float* d = dst + (size_t)k * GEMM_NR;
-            for (int j = 0; j < cols; j++) d[j] = src[j];
-            for (int j = cols; j < GEMM_NR; j++) d[j] = 0.0f;
-        }
-    } else {
-        for (int j = 0; j < GEMM_NR; j++) {
-            if (j < cols) {
-                const float* src = g->B + (ptrdiff_t)(j0 + j) * g->b_cs + (ptrdiff_t)k0 * g->b_rs;
-                for (int k = 0; k < kc; k++) dst[(size_t)k * GEMM_NR + j] = src[(ptrdiff_t)k * g->b_rs];
-            } else {
-                for (int k = 0; k < kc; k++) dst[(size_t)k * GEMM_NR + j] = 0.0f;
-            }
-        }
-    }
-}
-
-/* Blocking: columns of C in blocks of up to NCB; within one, k in ranges of
- * up to kcb (as much as fits GEMM_BPACK floats, a multiple of KC; all of K
- * when it fits). For each (column block, k-range) all threads first pack
- * that block of B into a shared buffer, then take tasks of MC rows x NCT
- * columns; a task runs its k-range KC at a time (packing its MC x KC block
- * of A each time) so its C tile stays in cache across the k-blocks. Which
- * thread takes which task does not change any result: every C element sees
- * its k-blocks in order (k-ranges are separated by barriers). */
-#ifndef GEMM_NCB
-#define GEMM_NCB 4096 /* columns of a shared packed B block: a multiple of NR */
-#endif
-#ifndef GEMM_NCT
-#define GEMM_NCT 1024 /* columns of one task: a multiple of NR */
-#endif
-#ifndef GEMM_BPACK
-#define GEMM_BPACK ((size_t)2 << 20) /* floats in the shared packed B block (8 MB) */
-#endif
-
-static void gemm_run(const GemmArgs* g) {
-    const int M = g->M, N = g->N, K = g->K;
-    if (M <= 0 || N <= 0) return;
-    if (K <= 0) {
-        if (!g->accumulate)
-            for (int i = 0; i < M; i++)
-                for (int j = 0; j < N; j++) g->C[(ptrdiff_t)i * g->ldc + j] = g->bias ? g->bias[j] : 0.0f;
-        return;
-    }
-    const int npad = (N + GEMM_NR - 1) / GEMM_NR * GEMM_NR;
-    const int ncb = npad < GEMM_NCB ? npad : GEMM_NCB;
-    size_t kcb_s = GEMM_BPACK / (size_t)ncb / GEMM_KC * GEMM_KC;
-    if (kcb_s < GEMM_KC) kcb_s = GEMM_KC;
-    const int kcb = kcb_s >= (size_t)K ? K : (int)kcb_s;
-    const int mt = (M + GEMM_MC - 1) / GEMM_MC;
-    float* Bp = cpu_scratch(sizeof(float) * (size_t)kcb * ncb);
-#pragma omp parallel
-    {
-        float* Ap = cpu_scratch(sizeof(float) * GEMM_MC * GEMM_KC);
-        float tile[GEMM_MR * GEMM_NR] __attribute__((aligned(64)));
-        float init[GEMM_NR] __attribute__((aligned(64)));
-        for (int j0 = 0; j0 < N; j0 += ncb) {
-            const int nc = N - j0 < ncb ? N - j0 : ncb;
-            const int npan = (nc + GEMM_NR - 1) / GEMM_NR;
-            const int nct = (nc + GEMM_NCT - 1) / GEMM_NCT;
-            for (int kr0 = 0; kr0 < K; kr0 += kcb) {
-                const int krn = K - kr0 < kcb ? K - kr0 : kcb;
-                const int nsub = (krn + GEMM_KC - 1) / GEMM_KC;
-                /* k-block s of the range at Bp + s*KC*ncb; its panel p at + p*NR*kc */
-#pragma omp for schedule(static)
-                for (int t = 0; t < nsub * npan; t++) {
-                    const int s = t / npan, p = t % npan;
-                    const int k0 = kr0 + s * GEMM_KC;
-                    const int kc = kr0 + krn - k0 < GEMM_KC ? kr0 + krn - k0 : GEMM_KC;
-                    gemm_pack_b_panel(g, Bp + (size_t)s * GEMM_KC * ncb + (size_t)p * GEMM_NR * kc,
-                                      j0 + p * GEMM_NR, k0, kc);
-                }
-#pragma omp for schedule(dynamic, 1)
-                for (int task = 0; task < mt * nct; task++) {
-                    const int i0 = (task / nct) * GEMM_MC, jt0 = (task % nct) * GEMM_NCT;
-                    const int mc = M - i0 < GEMM_MC ? M - i0 : GEMM_MC;
-                    const int jt1 = nc - jt0 < GEMM_NCT ? nc : jt0 + GEMM_NCT;
-                    for (int s = 0; s < nsub; s++) {
-                        const int k0 = kr0 + s * GEMM_KC;
-                        const int kc = kr0 + krn - k0 < GEMM_KC ? kr0 + krn - k0 : GEMM_KC;
-                        const int first = (k0 == 0) && !g->accumulate;
-                        const float* bblk = Bp + (size_t)s * GEMM_KC * ncb;
-                        gemm_pack_a(g, Ap, i0, mc, k0, kc);
-                        for (int jp = jt0; jp < jt1; jp += GEMM_NR) {
-                            const int cols = jt1 - jp < GEMM_NR ? jt1 - jp : GEMM_NR;
-                            if (first)
-                                for (int j = 0; j < GEMM_NR; j++)
-                                    init[j] = (g->bias && j < cols) ? g->bias[j0 + jp + j] : 0.0f;
-                            const float* bpan = bblk + (size_t)jp * kc;
-                            for (int ip = 0; ip < mc; ip += GEMM_MR) {
-                                const int rows = mc - ip < GEMM_MR ? mc - ip : GEMM_MR;
-                                const float* apan = Ap + (size_t)ip * kc;
-                                float* Cc = g->C + (ptrdiff_t)(i0 + ip) * g->ldc + j0 + jp;
-                                if (rows == GEMM_MR && cols == GEMM_NR) {
-                                    gemm_micro(kc, apan, bpan, Cc, g->ldc, first ? init : NULL);
-                                } else {
-                                    if (!first) {
-                                        memset(tile, 0, sizeof tile);
-                                        for (int r = 0; r < rows; r++)
-                                            memcpy(tile + r * GEMM_NR, Cc + (ptrdiff_t)r * g->ldc,
-                                                   sizeof(float) * cols);
-                                    }
-                                    gemm_micro(kc, apan, bpan, tile, GEMM_NR, first ? init : NULL);
-                                    for (int r = 0; r < rows; r++)
-                                        memcpy(Cc + (ptrdiff_t)r * g->ldc, tile + r * GEMM_NR,
-                                               sizeof(float) * cols);
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        free(Ap);
-    }
-    free(Bp);
-}
+static const GemmKernel* cpu_gemm(Backend* be) { return ((CpuCtx*)be->ctx)->gemm; }
 
 static void cpu_matmul_forward(Backend* be, void* out_, void* pre_gelu_, const void* inp, const void* w,
                                const void* bias, int N, int C, int OC) {
-    (void)be;
     float* out = out_;
     float* pre = pre_gelu_ ? (float*)pre_gelu_ : out;
     GemmArgs g = {
@@ -471,7 +253,7 @@ static void cpu_matmul_forward(Backend* be, void* out_, void* pre_gelu_, const v
         .ldc = OC,
         .accumulate = 0,
         .bias = bias};
-    gemm_run(&g);
+    gemm_run(cpu_gemm(be), &g);
     if (pre_gelu_) cpu_gelu_forward(be, out, pre, (size_t)N * OC);
 }
 
@@ -482,7 +264,6 @@ static void cpu_matmul_forward(Backend* be, void* out_, void* pre_gelu_, const v
  * same rows of a full-width call. */
 static void cpu_matmul_backward_weight(Backend* be, void* dw, const void* dout, int ld_dout, const void* inp,
                                        int N, int C, int OC) {
-    (void)be;
     GemmArgs gw = {
         .M = OC,
         .N = C,
@@ -497,7 +278,7 @@ static void cpu_matmul_backward_weight(Backend* be, void* dw, const void* dout, 
         .ldc = C,
         .accumulate = 1,
         .bias = NULL};
-    gemm_run(&gw);
+    gemm_run(cpu_gemm(be), &gw);
 }
 
 static void cpu_matmul_backward(Backend* be, void* dinp_, void* dw_, void* dbias_, const void* dout_,
@@ -520,7 +301,7 @@ static void cpu_matmul_backward(Backend* be, void* dinp_, void* dw_, void* dbias
             .ldc = C,
             .accumulate = 0,
             .bias = NULL};
-        gemm_run(&gi);
+        gemm_run(cpu_gemm(be), &gi);
         if (pre_gelu_) {
             const float* pre = pre_gelu_;
             size_t n = (size_t)N * C;
@@ -966,11 +747,13 @@ static void cpu_adamw(Backend* be, void* params_, const void* grads_, float* mas
 
 /* ------------------------------------------------------------ constructor */
 
-Backend* backend_cpu_create(void) {
+Backend* backend_cpu_create_gemm(const GemmKernel* gemm) {
     Backend* be = xcalloc(1, sizeof(Backend));
     be->name = "cpu";
     be->dtype = DTYPE_FP32;
-    be->ctx = NULL;
+    CpuCtx* ctx = xcalloc(1, sizeof *ctx);
+    ctx->gemm = gemm ? gemm : gemm_kernel_best();
+    be->ctx = ctx;
     be->alloc = cpu_alloc;
     be->release = cpu_release;
     be->zero = cpu_zero;
@@ -1004,3 +787,5 @@ Backend* backend_cpu_create(void) {
     be->encoder_backward_range = cpu_encoder_backward_range;
     return be;
 }
+
+Backend* backend_cpu_create(void) { return backend_cpu_create_gemm(NULL); }

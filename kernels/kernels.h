@@ -167,6 +167,10 @@ struct Backend {
 
 /* Constructors: fatal() with a clear message when the backend is not available. */
 Backend* backend_cpu_create(void);
+/* The CPU backend with a given GEMM micro-kernel (kernels/cpu_gemm.h; NULL:
+ * the fastest this CPU runs); the tests use it to compare the kernels. */
+struct GemmKernel;
+Backend* backend_cpu_create_gemm(const struct GemmKernel* gemm);
 /* Defined in kernels/cuda/ when built with CUDA; the stub in
  * kernels/backend.c says "built without CUDA" otherwise. */
 Backend* backend_cuda_create(DType dtype, int device_index, int allow_tf32);

@@ -13,6 +13,7 @@
  * slice, encoder_backward_range) and matmul_backward with dinp or dw NULL:
  * against the references and bit for bit against the full calls. */
 #include "../kernels/kernels.h"
+#include "../kernels/cpu_gemm.h"
 #include "test.h"
 
 #include <math.h>
@@ -912,6 +913,20 @@ static void test_matmul_case(Ctx* cx, int N, int C, int OC, int has_bias, int ge
     if (!has_bias)
         CHECK(memcmp(o + 2 * no + ni + nw, s.db0, sizeof(float) * OC) == 0, "dbias written with dbias NULL");
     check_determinism(be, "matmul", mm_run, &s, nout);
+    /* every GEMM micro-kernel this CPU runs: the same bits (cpu_gemm.h) */
+    static const char* const kernels[] = {"avx512", "avx2", "portable"};
+    float* o2 = falloc(nout);
+    for (int k = 0; k < 3; k++) {
+        const GemmKernel* gk = gemm_kernel_named(kernels[k]);
+        if (!gk) continue;
+        Backend* bk = backend_cpu_create_gemm(gk);
+        mm_run(bk, &s, o2);
+        bk->destroy(bk);
+        CHECK(memcmp(o, o2, sizeof(float) * nout) == 0,
+              "matmul N=%d C=%d OC=%d: GEMM kernel %s differs from %s", N, C, OC, gk->name,
+              gemm_kernel_best()->name);
+    }
+    free(o2);
     free(s.inp);
     free(s.w);
     free(s.bias);
@@ -932,7 +947,7 @@ static void test_matmul_case(Ctx* cx, int N, int C, int OC, int has_bias, int ge
     free(db);
 }
 
-/* matmul_backward_weight (the lm head's dW per vocabulary chunk, issue 8):
+/* matmul_backward_weight (the lm head's dW per vocabulary chunk):
  * dw[OCs,C] += dout[:, col0:col0+OCs]^T @ inp, dout rows ldd apart. Against
  * the double reference (accumulating into random values); the columns of
  * dout outside the slice are NaN (read one and the result is NaN); guard rows
@@ -1504,7 +1519,9 @@ static void bench_matmul(Ctx* cx, int N, int C, int OC) {
 
 int main(void) {
     Ctx cx = {backend_cpu_create(), 1};
-    printf("test_kernels: OpenMP max threads %d\n", omp_get_max_threads());
+    printf("test_kernels: OpenMP max threads %d; GEMM kernel %s (also run: every other this CPU supports of "
+           "avx512, avx2, portable)\n",
+           omp_get_max_threads(), gemm_kernel_best()->name);
 
     test_memory(&cx);
 
@@ -1529,7 +1546,7 @@ int main(void) {
     test_gelu_case(&cx, 100003);
 
     /* sizes: odd; single; several row blocks (MC 96), k-blocks (KC 256),
-     * task columns (512), micro-tiles (MR 8 x NR 32) with ragged edges */
+     * task columns (512), micro-tiles (mr x nr up to 12 x 32) with ragged edges */
     test_matmul_case(&cx, 13, 36, 7, 1, 0, 0);
     test_matmul_case(&cx, 1, 1, 1, 1, 1, 1);
     test_matmul_case(&cx, 7, 36, 108, 0, 1, 0);

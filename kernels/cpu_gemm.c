@@ -1,0 +1,296 @@
+/* kernels/cpu_gemm.c — the packed GEMM of kernels/cpu_gemm.h (GotoBLAS-style
+ * blocking): blocks of A and B are packed into contiguous micro-panels and a
+ * register-tiled micro-kernel updates an mr x nr tile of C, broadcasting one
+ * A value per row and multiplying it into nr columns of B per k-step.
+ *
+ * Every kernel adds with a fused multiply-add and in the same k order, so
+ * they agree bit for bit (test_kernels checks it on every kernel the machine
+ * runs). The x86 kernels are compiled for their instruction set with a target
+ * attribute and chosen at run time; the portable one uses fmaf, which the
+ * compiler turns into the machine's FMA where the build targets one (and the
+ * C library computes exactly otherwise). */
+#include "cpu_gemm.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/util.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define GEMM_X86 1
+#else
+#define GEMM_X86 0
+#endif
+
+#ifndef GEMM_MC
+#define GEMM_MC 96 /* rows of A per task: a multiple of every kernel's mr (4, 6, 12) */
+#endif
+#ifndef GEMM_KC
+#define GEMM_KC 256 /* k-block: an mr x KC A panel and a KC x nr B panel sit in L1/L2 */
+#endif
+#define GEMM_TILE_MAX (12 * 32) /* the largest mr x nr */
+
+/* ------------------------------------------------------------ micro-kernels */
+
+static void micro_portable(int kc, const float* restrict Ap, const float* restrict Bp, float* restrict Cc,
+                           ptrdiff_t ldc, const float* restrict init_row) {
+    enum { MR = 4, NR = 16 };
+    float acc[MR][NR];
+    for (int r = 0; r < MR; r++)
+        for (int j = 0; j < NR; j++) acc[r][j] = init_row ? init_row[j] : Cc[r * ldc + j];
+    for (int k = 0; k < kc; k++) {
+        const float* a = Ap + (size_t)k * MR;
+        const float* b = Bp + (size_t)k * NR;
+        for (int r = 0; r < MR; r++)
+            for (int j = 0; j < NR; j++) acc[r][j] = fmaf(a[r], b[j], acc[r][j]);
+    }
+    for (int r = 0; r < MR; r++)
+        for (int j = 0; j < NR; j++) Cc[r * ldc + j] = acc[r][j];
+}
+
+#if GEMM_X86
+/* 6 x 16: 12 ymm accumulators, 2 for B, 1 broadcast (of 16 registers) */
+__attribute__((target("avx2,fma"))) static void micro_avx2(int kc, const float* restrict Ap,
+                                                           const float* restrict Bp, float* restrict Cc,
+                                                           ptrdiff_t ldc, const float* restrict init_row) {
+    enum { MR = 6 };
+    __m256 c0[MR], c1[MR];
+    if (init_row) {
+        const __m256 i0 = _mm256_load_ps(init_row), i1 = _mm256_load_ps(init_row + 8);
+        for (int r = 0; r < MR; r++) c0[r] = i0, c1[r] = i1;
+    } else {
+        for (int r = 0; r < MR; r++)
+            c0[r] = _mm256_loadu_ps(Cc + r * ldc), c1[r] = _mm256_loadu_ps(Cc + r * ldc + 8);
+    }
+    for (int k = 0; k < kc; k++) {
+        const __m256 b0 = _mm256_load_ps(Bp + (size_t)k * 16), b1 = _mm256_load_ps(Bp + (size_t)k * 16 + 8);
+        const float* a = Ap + (size_t)k * MR;
+        for (int r = 0; r < MR; r++) {
+            const __m256 ar = _mm256_broadcast_ss(a + r);
+            c0[r] = _mm256_fmadd_ps(ar, b0, c0[r]);
+            c1[r] = _mm256_fmadd_ps(ar, b1, c1[r]);
+        }
+    }
+    for (int r = 0; r < MR; r++)
+        _mm256_storeu_ps(Cc + r * ldc, c0[r]), _mm256_storeu_ps(Cc + r * ldc + 8, c1[r]);
+}
+
+/* 12 x 32: 24 zmm accumulators, 2 for B, 1 broadcast (of 32 registers) */
+__attribute__((target("avx512f"))) static void micro_avx512(int kc, const float* restrict Ap,
+                                                            const float* restrict Bp, float* restrict Cc,
+                                                            ptrdiff_t ldc, const float* restrict init_row) {
+    enum { MR = 12 };
+    __m512 c0[MR], c1[MR];
+    if (init_row) {
+        const __m512 i0 = _mm512_load_ps(init_row), i1 = _mm512_load_ps(init_row + 16);
+        for (int r = 0; r < MR; r++) c0[r] = i0, c1[r] = i1;
+    } else {
+        for (int r = 0; r < MR; r++)
+            c0[r] = _mm512_loadu_ps(Cc + r * ldc), c1[r] = _mm512_loadu_ps(Cc + r * ldc + 16);
+    }
+    for (int k = 0; k < kc; k++) {
+        const __m512 b0 = _mm512_load_ps(Bp + (size_t)k * 32), b1 = _mm512_load_ps(Bp + (size_t)k * 32 + 16);
+        const float* a = Ap + (size_t)k * MR;
+        for (int r = 0; r < MR; r++) {
+            const __m512 ar = _mm512_set1_ps(a[r]);
+            c0[r] = _mm512_fmadd_ps(ar, b0, c0[r]);
+            c1[r] = _mm512_fmadd_ps(ar, b1, c1[r]);
+        }
+    }
+    for (int r = 0; r < MR; r++)
+        _mm512_storeu_ps(Cc + r * ldc, c0[r]), _mm512_storeu_ps(Cc + r * ldc + 16, c1[r]);
+}
+#endif
+
+/* fastest first */
+static const GemmKernel gemm_kernels[] = {
+#if GEMM_X86
+    {"avx512", 12, 32, micro_avx512},
+    {"avx2", 6, 16, micro_avx2},
+#endif
+    {"portable", 4, 16, micro_portable},
+};
+enum { GEMM_NKERNELS = sizeof gemm_kernels / sizeof gemm_kernels[0] };
+
+static int gemm_kernel_runs(const GemmKernel* k) {
+#if GEMM_X86
+    __builtin_cpu_init();
+    if (strcmp(k->name, "avx512") == 0) return __builtin_cpu_supports("avx512f");
+    if (strcmp(k->name, "avx2") == 0) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
+    return strcmp(k->name, "portable") == 0;
+}
+
+const GemmKernel* gemm_kernel_named(const char* name) {
+    for (int i = 0; i < GEMM_NKERNELS; i++)
+        if (strcmp(gemm_kernels[i].name, name) == 0)
+            return gemm_kernel_runs(&gemm_kernels[i]) ? &gemm_kernels[i] : NULL;
+    return NULL;
+}
+
+const GemmKernel* gemm_kernel_best(void) {
+    for (int i = 0; i < GEMM_NKERNELS; i++)
+        if (gemm_kernel_runs(&gemm_kernels[i])) return &gemm_kernels[i];
+    return &gemm_kernels[GEMM_NKERNELS - 1];
+}
+
+/* ------------------------------------------------------------------ packing */
+
+static float* gemm_scratch(size_t floats) {
+    void* p = NULL;
+    if (posix_memalign(&p, 64, floats ? floats * sizeof(float) : 64) != 0 || !p)
+        fatal("cpu backend: out of host memory allocating %zu bytes of GEMM scratch", floats * sizeof(float));
+    return p;
+}
+
+/* Pack rows [i0, i0+mc) x cols [k0, k0+kc) of A into mr-row micro-panels:
+ * panel p, step k, row r at Ap[p*mr*kc + k*mr + r]; rows past mc are 0. */
+static void gemm_pack_a(const GemmArgs* g, int mr, float* restrict Ap, int i0, int mc, int k0, int kc) {
+    for (int ip = 0; ip < mc; ip += mr) {
+        float* dst = Ap + (size_t)ip * kc;
+        int rows = mc - ip < mr ? mc - ip : mr;
+        if (g->a_cs == 1) {
+            for (int r = 0; r < mr; r++) {
+                if (r < rows) {
+                    const float* src = g->A + (ptrdiff_t)(i0 + ip + r) * g->a_rs + k0;
+                    for (int k = 0; k < kc; k++) dst[(size_t)k * mr + r] = src[k];
+                } else {
+                    for (int k = 0; k < kc; k++) dst[(size_t)k * mr + r] = 0.0f;
+                }
+            }
+        } else {
+            for (int k = 0; k < kc; k++) {
+                const float* src = g->A + (ptrdiff_t)(i0 + ip) * g->a_rs + (ptrdiff_t)(k0 + k) * g->a_cs;
+                for (int r = 0; r < mr; r++) dst[(size_t)k * mr + r] = r < rows ? src[r * g->a_rs] : 0.0f;
+            }
+        }
+    }
+}
+
+/* Pack rows [k0, k0+kc) x cols [j0, j0+nr) of B (cols past N are 0) into
+ * one micro-panel: step k, col j at dst[k*nr + j]. */
+static void gemm_pack_b_panel(const GemmArgs* g, int nr, float* restrict dst, int j0, int k0, int kc) {
+    const int cols = g->N - j0 < nr ? g->N - j0 : nr;
+    if (g->b_cs == 1) {
+        for (int k = 0; k < kc; k++) {
+            const float* src = g->B + (ptrdiff_t)(k0 + k) * g->b_rs + j0;
+            float* d = dst + (size_t)k * nr;
+            for (int j = 0; j < cols; j++) d[j] = src[j];
+            for (int j = cols; j < nr; j++) d[j] = 0.0f;
+        }
+    } else {
+        for (int j = 0; j < nr; j++) {
+            if (j < cols) {
+                const float* src = g->B + (ptrdiff_t)(j0 + j) * g->b_cs + (ptrdiff_t)k0 * g->b_rs;
+                for (int k = 0; k < kc; k++) dst[(size_t)k * nr + j] = src[(ptrdiff_t)k * g->b_rs];
+            } else {
+                for (int k = 0; k < kc; k++) dst[(size_t)k * nr + j] = 0.0f;
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------- driver */
+
+/* Blocking: columns of C in blocks of up to NCB; within one, k in ranges of
+ * up to kcb (as much as fits GEMM_BPACK floats, a multiple of KC; all of K
+ * when it fits). For each (column block, k-range) all threads first pack
+ * that block of B into a shared buffer, then take tasks of MC rows x NCT
+ * columns; a task runs its k-range KC at a time (packing its MC x KC block
+ * of A each time) so its C tile stays in cache across the k-blocks. Which
+ * thread takes which task does not change any result: every C element sees
+ * its k-blocks in order (k-ranges are separated by barriers). */
+#ifndef GEMM_NCB
+#define GEMM_NCB 4096 /* columns of a shared packed B block: a multiple of every nr */
+#endif
+#ifndef GEMM_NCT
+#define GEMM_NCT 1024 /* columns of one task: a multiple of every nr */
+#endif
+#ifndef GEMM_BPACK
+#define GEMM_BPACK ((size_t)2 << 20) /* floats in the shared packed B block (8 MB) */
+#endif
+
+void gemm_run(const GemmKernel* kern, const GemmArgs* g) {
+    const int M = g->M, N = g->N, K = g->K, mr = kern->mr, nr = kern->nr;
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) {
+        if (!g->accumulate)
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < N; j++) g->C[(ptrdiff_t)i * g->ldc + j] = g->bias ? g->bias[j] : 0.0f;
+        return;
+    }
+    const int npad = (N + nr - 1) / nr * nr;
+    const int ncb = npad < GEMM_NCB ? npad : GEMM_NCB;
+    size_t kcb_s = GEMM_BPACK / (size_t)ncb / GEMM_KC * GEMM_KC;
+    if (kcb_s < GEMM_KC) kcb_s = GEMM_KC;
+    const int kcb = kcb_s >= (size_t)K ? K : (int)kcb_s;
+    const int mt = (M + GEMM_MC - 1) / GEMM_MC;
+    float* Bp = gemm_scratch((size_t)kcb * ncb);
+#pragma omp parallel
+    {
+        float* Ap = gemm_scratch((size_t)GEMM_MC * GEMM_KC);
+        float tile[GEMM_TILE_MAX] __attribute__((aligned(64)));
+        float init[32] __attribute__((aligned(64)));
+        for (int j0 = 0; j0 < N; j0 += ncb) {
+            const int nc = N - j0 < ncb ? N - j0 : ncb;
+            const int npan = (nc + nr - 1) / nr;
+            const int nct = (nc + GEMM_NCT - 1) / GEMM_NCT;
+            for (int kr0 = 0; kr0 < K; kr0 += kcb) {
+                const int krn = K - kr0 < kcb ? K - kr0 : kcb;
+                const int nsub = (krn + GEMM_KC - 1) / GEMM_KC;
+                /* k-block s of the range at Bp + s*KC*ncb; its panel p at + p*nr*kc */
+#pragma omp for schedule(static)
+                for (int t = 0; t < nsub * npan; t++) {
+                    const int s = t / npan, p = t % npan;
+                    const int k0 = kr0 + s * GEMM_KC;
+                    const int kc = kr0 + krn - k0 < GEMM_KC ? kr0 + krn - k0 : GEMM_KC;
+                    gemm_pack_b_panel(g, nr, Bp + (size_t)s * GEMM_KC * ncb + (size_t)p * nr * kc, j0 + p * nr,
+                                      k0, kc);
+                }
+#pragma omp for schedule(dynamic, 1)
+                for (int task = 0; task < mt * nct; task++) {
+                    const int i0 = (task / nct) * GEMM_MC, jt0 = (task % nct) * GEMM_NCT;
+                    const int mc = M - i0 < GEMM_MC ? M - i0 : GEMM_MC;
+                    const int jt1 = nc - jt0 < GEMM_NCT ? nc : jt0 + GEMM_NCT;
+                    for (int s = 0; s < nsub; s++) {
+                        const int k0 = kr0 + s * GEMM_KC;
+                        const int kc = kr0 + krn - k0 < GEMM_KC ? kr0 + krn - k0 : GEMM_KC;
+                        const int first = (k0 == 0) && !g->accumulate;
+                        const float* bblk = Bp + (size_t)s * GEMM_KC * ncb;
+                        gemm_pack_a(g, mr, Ap, i0, mc, k0, kc);
+                        for (int jp = jt0; jp < jt1; jp += nr) {
+                            const int cols = jt1 - jp < nr ? jt1 - jp : nr;
+                            if (first)
+                                for (int j = 0; j < nr; j++)
+                                    init[j] = (g->bias && j < cols) ? g->bias[j0 + jp + j] : 0.0f;
+                            const float* bpan = bblk + (size_t)jp * kc;
+                            for (int ip = 0; ip < mc; ip += mr) {
+                                const int rows = mc - ip < mr ? mc - ip : mr;
+                                const float* apan = Ap + (size_t)ip * kc;
+                                float* Cc = g->C + (ptrdiff_t)(i0 + ip) * g->ldc + j0 + jp;
+                                if (rows == mr && cols == nr) {
+                                    kern->micro(kc, apan, bpan, Cc, g->ldc, first ? init : NULL);
+                                } else {
+                                    /* an edge tile: through a full-size copy */
+                                    if (!first) {
+                                        memset(tile, 0, sizeof(float) * mr * nr);
+                                        for (int r = 0; r < rows; r++)
+                                            memcpy(tile + r * nr, Cc + (ptrdiff_t)r * g->ldc,
+                                                   sizeof(float) * cols);
+                                    }
+                                    kern->micro(kc, apan, bpan, tile, nr, first ? init : NULL);
+                                    for (int r = 0; r < rows; r++)
+                                        memcpy(Cc + (ptrdiff_t)r * g->ldc, tile + r * nr, sizeof(float) * cols);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        free(Ap);
+    }
+    free(Bp);
+}
