@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# tools/bench.sh — GPU throughput benchmark: our trainer against PyTorch (torch.compile, bf16
-# autocast, fused AdamW; tools/bench_pytorch.py), GPT-2 d12, T 1024, for several batch sizes.
-# Run from anywhere on the GPU machine after `make -j16`:
+# tools/bench.sh — throughput benchmark: our trainer against PyTorch, side by side in one call.
+#
+# GPU (default): GPT-2 d12, T 1024, for several batch sizes; PyTorch with torch.compile, bf16
+# autocast, fused AdamW (tools/bench_pytorch.py). Run from anywhere on the GPU machine after
+# `make -j16`:
 #
 #   tools/bench.sh [--quick] [--bs "16 32 64"] [--skip_pytorch] [--skip_ours]
 #                  [--notes FILE] [--out DIR]
@@ -14,10 +16,17 @@
 #                   from DIR when an earlier call left it there (so the two sides can run in
 #                   two calls: --skip_pytorch, then --skip_ours); the table goes to DIR/table.md
 #   --notes FILE    also append the table, the date and `git rev-parse --short HEAD` to FILE
-#   --device cpu --model d2 --model_flags "--n_embd 32 --n_head 2 --max_seq_len 64"
-#   --seq_len 32    a tiny CPU smoke test of this script (PyTorch then runs eager)
 #   env: PYTHON (python3 with torch, default python3), RUN_TIMEOUT (s per trainer run, 300),
 #        PT_TIMEOUT (s for all of PyTorch, 540)
+#
+# CPU (--device cpu): fp32, GPT-2 d12, B 4, T 256 unless --model/--model_flags/--bs/--seq_len
+# say otherwise, at each thread count of --threads (default "1 4 16"): ours with
+# OMP_NUM_THREADS=n, PyTorch eager with torch.set_num_threads(n) and the same model, AdamW and
+# clipping. Ours 8 steps (median over steps 3..8; --quick 4, over 2..4), PyTorch 2 + 6 (--quick
+# 1 + 3). The table | threads | ours ms/step | PyTorch ms/step | ratio | (ratio = PyTorch's
+# ms / ours: above 1 we are faster) goes to DIR/table_cpu.md. A tiny smoke test of the script:
+#   tools/bench.sh --device cpu --quick --threads "1 2" --model d2 --bs 2 --seq_len 32 \
+#       --model_flags "--n_embd 32 --n_head 2 --max_seq_len 64"
 #
 # Ours: median tokens_per_s and median mfu of log.jsonl over the steps after the warm-up, max
 # peak_alloc_mb / peak_reserved_mb over all steps. MFU (both sides) = flops_per_token * tokens/s
@@ -28,27 +37,30 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 RUN_TIMEOUT=${RUN_TIMEOUT:-300}
 PT_TIMEOUT=${PT_TIMEOUT:-540}
-BS="16 32 64"
+BS=""
 QUICK=0 SKIP_PT=0 SKIP_OURS=0
-NOTES="" OUT="runs/bench" DEVICE=cuda MODEL=d12 MODEL_FLAGS="" T=1024
+NOTES="" OUT="runs/bench" DEVICE=cuda MODEL=d12 MODEL_FLAGS="" T="" THREADS="1 4 16"
 die() { echo "bench.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case "$1" in
         --quick) QUICK=1 ;;
         --skip_pytorch) SKIP_PT=1 ;;
         --skip_ours) SKIP_OURS=1 ;;
-        --bs|--notes|--out|--device|--model|--model_flags|--seq_len)
+        --bs|--notes|--out|--device|--model|--model_flags|--seq_len|--threads)
             [ $# -ge 2 ] || die "$1 needs a value"
             case "$1" in
                 --bs) BS="$2" ;; --notes) NOTES="$2" ;; --out) OUT="$2" ;; --device) DEVICE="$2" ;;
                 --model) MODEL="$2" ;; --model_flags) MODEL_FLAGS="$2" ;; --seq_len) T="$2" ;;
+                --threads) THREADS="$2" ;;
             esac
             shift ;;
-        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
         *) die "unknown argument '$1' (see --help)" ;;
     esac
     shift
 done
+[ "$DEVICE" = cpu ] && : "${BS:=4}" "${T:=256}"
+: "${BS:=16 32 64}" "${T:=1024}"
 BS=$(echo "$BS" | tr ',' ' ')
 for b in $BS; do [[ "$b" =~ ^[1-9][0-9]*$ ]] || die "--bs: '$b' is not a positive integer"; done
 [ -n "$BS" ] || die "--bs is empty"
@@ -64,6 +76,70 @@ else
     GPU="cpu"
 fi
 echo "bench.sh: $MODEL $MODEL_FLAGS T $T | B: $BS | device $DEVICE (${GPU:-?}) | rev $REV | out $OUT"
+
+# ---- CPU: ours and PyTorch at each thread count ----
+if [ "$DEVICE" = cpu ]; then
+    [ "$(echo $BS | wc -w)" = 1 ] || die "--device cpu takes one batch size (--bs)"
+    for n in $THREADS; do [[ "$n" =~ ^[1-9][0-9]*$ ]] || die "--threads: '$n' is not a positive integer"; done
+    if [ $QUICK = 1 ]; then ITERS=4 SKIP=1 PT_WARM=1 PT_STEPS=3; else ITERS=8 SKIP=2 PT_WARM=2 PT_STEPS=6; fi
+    CPU_NAME=$(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | sed 's/.*: //')
+    echo "bench.sh: CPU ${CPU_NAME:-?}, $(nproc) CPUs; threads: $THREADS"
+    if [ $SKIP_OURS = 0 ]; then
+        for f in ./train_gpt2 build/make_shard; do [ -x "$f" ] || die "$f not found: run make first"; done
+        SHARD="$OUT/bench_shard_cpu.bin"
+        build/make_shard "$SHARD" $((BS * T * (ITERS + 2) + 1)) 1 >/dev/null || die "build/make_shard failed"
+        for n in $THREADS; do
+            dir="$OUT/ours_cpu_t$n"
+            rm -rf "$dir"; mkdir -p "$dir"
+            OMP_NUM_THREADS=$n timeout "$RUN_TIMEOUT" ./train_gpt2 --device cpu --model "$MODEL" $MODEL_FLAGS \
+                --batch_size "$BS" --sequence_length "$T" --num_iterations "$ITERS" --input_bin "$SHARD" \
+                --learning_rate 6e-4 --weight_decay 0.1 --grad_clip 1.0 --val_loss_every 0 --sample_every 0 \
+                --output_dir "$dir" >"$dir/out.txt" 2>&1
+            rc=$?
+            echo "$rc" >"$dir/rc"
+            [ $rc -eq 0 ] || { echo "ours, $n threads: FAILED (exit $rc):"; tail -3 "$dir/out.txt"; }
+            echo "ours, $n threads: $(grep -E "^step +$ITERS/" "$dir/out.txt")"
+        done
+        rm -f "$SHARD"
+    fi
+    if [ $SKIP_PT = 0 ]; then
+        for n in $THREADS; do
+            rm -f "$OUT/pytorch_cpu_t$n.json"
+            OMP_NUM_THREADS=$n timeout "$PT_TIMEOUT" "$PYTHON" tools/bench_pytorch.py --device cpu --no_compile \
+                --dtype fp32 --threads "$n" --model "$MODEL" $MODEL_FLAGS --batch_size "$BS" --seq_len "$T" \
+                --warmup "$PT_WARM" --steps "$PT_STEPS" --json "$OUT/pytorch_cpu_t$n.json" 2>&1 | tail -2
+        done
+    fi
+    "$PYTHON" - "$OUT" "$SKIP" "$THREADS" >"$OUT/table_cpu.md" <<'EOF'
+import json, os, statistics, sys
+out, skip, threads = sys.argv[1], int(sys.argv[2]), sys.argv[3].split()
+print("| threads | ours ms/step | PyTorch ms/step | ratio |")
+print("|--:|--:|--:|--:|")
+for n in threads:
+    ours = None
+    try:
+        ms = [json.loads(l)["ms"] for l in open(os.path.join(out, f"ours_cpu_t{n}", "log.jsonl"))
+              if l.strip() and '"ms"' in l]
+        ms = ms[skip:] if len(ms) > skip else ms[-1:]
+        ours = statistics.median(ms) if ms else None
+    except (OSError, ValueError, KeyError):
+        pass
+    pt = None
+    try:
+        r = json.load(open(os.path.join(out, f"pytorch_cpu_t{n}.json")))
+        pt = next(iter(r.values())).get("ms")
+    except (OSError, ValueError, StopIteration):
+        pass
+    f = lambda x: "-" if x is None else f"{x:,.1f}"
+    ratio = f"{pt / ours:.2f}" if ours and pt else "-"
+    print(f"| {n} | {f(ours)} | {f(pt)} | {ratio} |")
+EOF
+    echo
+    echo "$(date '+%Y-%m-%d %H:%M %Z') | rev $REV | ${CPU_NAME:-cpu} | $MODEL $MODEL_FLAGS B $BS T $T fp32 | ours $ITERS steps (median over steps $((SKIP + 1))..$ITERS), PyTorch eager $PT_WARM + $PT_STEPS steps | ratio = PyTorch ms / ours"
+    echo
+    cat "$OUT/table_cpu.md"
+    exit 0
+fi
 
 # ---- ours ----
 if [ $SKIP_OURS = 0 ]; then
