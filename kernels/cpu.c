@@ -239,20 +239,12 @@ static void cpu_matmul_forward(Backend* be, void* out_, void* pre_gelu_, const v
                                const void* bias, int N, int C, int OC) {
     float* out = out_;
     float* pre = pre_gelu_ ? (float*)pre_gelu_ : out;
-    GemmArgs g = {
-        .M = N,
-        .N = OC,
-        .K = C,
-        .A = inp,
-        .a_rs = C,
-        .a_cs = 1,
-        .B = w,
-        .b_rs = 1,
-        .b_cs = C,
-        .C = pre,
-        .ldc = OC,
-        .accumulate = 0,
-        .bias = bias};
+    /* clang-format off */
+    GemmArgs g = {.M = N, .N = OC, .K = C,
+                  .A = inp, .a_rs = C, .a_cs = 1, /* inp[N,C] */
+                  .B = w, .b_rs = 1, .b_cs = C,   /* w^T: w[OC,C] read by columns */
+                  .C = pre, .ldc = OC, .accumulate = 0, .bias = bias};
+    /* clang-format on */
     gemm_run(cpu_gemm(be), &g);
     if (pre_gelu_) cpu_gelu_forward(be, out, pre, (size_t)N * OC);
 }
@@ -264,20 +256,12 @@ static void cpu_matmul_forward(Backend* be, void* out_, void* pre_gelu_, const v
  * same rows of a full-width call. */
 static void cpu_matmul_backward_weight(Backend* be, void* dw, const void* dout, int ld_dout, const void* inp,
                                        int N, int C, int OC) {
-    GemmArgs gw = {
-        .M = OC,
-        .N = C,
-        .K = N,
-        .A = dout,
-        .a_rs = 1,
-        .a_cs = ld_dout,
-        .B = inp,
-        .b_rs = C,
-        .b_cs = 1,
-        .C = dw,
-        .ldc = C,
-        .accumulate = 1,
-        .bias = NULL};
+    /* clang-format off */
+    GemmArgs gw = {.M = OC, .N = C, .K = N,
+                   .A = dout, .a_rs = 1, .a_cs = ld_dout, /* dout^T */
+                   .B = inp, .b_rs = C, .b_cs = 1,        /* inp[N,C] */
+                   .C = dw, .ldc = C, .accumulate = 1, .bias = NULL};
+    /* clang-format on */
     gemm_run(cpu_gemm(be), &gw);
 }
 
@@ -287,20 +271,12 @@ static void cpu_matmul_backward(Backend* be, void* dinp_, void* dw_, void* dbias
     const float* dout = dout_;
     if (dinp) {
         /* dinp[N,C] = dout[N,OC] @ w[OC,C] */
-        GemmArgs gi = {
-            .M = N,
-            .N = C,
-            .K = OC,
-            .A = dout,
-            .a_rs = OC,
-            .a_cs = 1,
-            .B = w,
-            .b_rs = C,
-            .b_cs = 1,
-            .C = dinp,
-            .ldc = C,
-            .accumulate = 0,
-            .bias = NULL};
+        /* clang-format off */
+        GemmArgs gi = {.M = N, .N = C, .K = OC,
+                       .A = dout, .a_rs = OC, .a_cs = 1, /* dout[N,OC] */
+                       .B = w, .b_rs = C, .b_cs = 1,     /* w[OC,C] */
+                       .C = dinp, .ldc = C, .accumulate = 0, .bias = NULL};
+        /* clang-format on */
         gemm_run(cpu_gemm(be), &gi);
         if (pre_gelu_) {
             const float* pre = pre_gelu_;

@@ -12,6 +12,7 @@
 #include "cpu_gemm.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -197,8 +198,8 @@ static void gemm_pack_b_panel(const GemmArgs* g, int nr, float* restrict dst, in
 /* Blocking: columns of C in blocks of up to NCB; within one, k in ranges of
  * up to kcb (as much as fits GEMM_BPACK floats, a multiple of KC; all of K
  * when it fits). For each (column block, k-range) all threads first pack
- * that block of B into a shared buffer, then take tasks of MC rows x NCT
- * columns; a task runs its k-range KC at a time (packing its MC x KC block
+ * that block of B into a shared buffer, then take tasks of MC rows x nctw
+ * columns (nctw: NCT, or less when that gives too few tasks for the threads); a task runs its k-range KC at a time (packing its MC x KC block
  * of A each time) so its C tile stays in cache across the k-blocks. Which
  * thread takes which task does not change any result: every C element sees
  * its k-blocks in order (k-ranges are separated by barriers). */
@@ -206,7 +207,7 @@ static void gemm_pack_b_panel(const GemmArgs* g, int nr, float* restrict dst, in
 #define GEMM_NCB 4096 /* columns of a shared packed B block: a multiple of every nr */
 #endif
 #ifndef GEMM_NCT
-#define GEMM_NCT 1024 /* columns of one task: a multiple of every nr */
+#define GEMM_NCT 1024 /* columns of one task at most: 128 times a power of two */
 #endif
 #ifndef GEMM_BPACK
 #define GEMM_BPACK ((size_t)2 << 20) /* floats in the shared packed B block (8 MB) */
@@ -227,6 +228,11 @@ void gemm_run(const GemmKernel* kern, const GemmArgs* g) {
     if (kcb_s < GEMM_KC) kcb_s = GEMM_KC;
     const int kcb = kcb_s >= (size_t)K ? K : (int)kcb_s;
     const int mt = (M + GEMM_MC - 1) / GEMM_MC;
+    /* columns per task: the widest (GEMM_NCT, halved down to 128) that still gives each thread
+     * about four tasks, so that 16 threads are not left with 11 tasks of a [1024, 768] output */
+    const int want = 4 * omp_get_max_threads();
+    int nctw = GEMM_NCT;
+    while (nctw > 128 && (long)mt * ((ncb + nctw - 1) / nctw) < want) nctw /= 2;
     float* Bp = gemm_scratch((size_t)kcb * ncb);
 #pragma omp parallel
     {
@@ -236,7 +242,7 @@ void gemm_run(const GemmKernel* kern, const GemmArgs* g) {
         for (int j0 = 0; j0 < N; j0 += ncb) {
             const int nc = N - j0 < ncb ? N - j0 : ncb;
             const int npan = (nc + nr - 1) / nr;
-            const int nct = (nc + GEMM_NCT - 1) / GEMM_NCT;
+            const int nct = (nc + nctw - 1) / nctw;
             for (int kr0 = 0; kr0 < K; kr0 += kcb) {
                 const int krn = K - kr0 < kcb ? K - kr0 : kcb;
                 const int nsub = (krn + GEMM_KC - 1) / GEMM_KC;
@@ -251,9 +257,9 @@ void gemm_run(const GemmKernel* kern, const GemmArgs* g) {
                 }
 #pragma omp for schedule(dynamic, 1)
                 for (int task = 0; task < mt * nct; task++) {
-                    const int i0 = (task / nct) * GEMM_MC, jt0 = (task % nct) * GEMM_NCT;
+                    const int i0 = (task / nct) * GEMM_MC, jt0 = (task % nct) * nctw;
                     const int mc = M - i0 < GEMM_MC ? M - i0 : GEMM_MC;
-                    const int jt1 = nc - jt0 < GEMM_NCT ? nc : jt0 + GEMM_NCT;
+                    const int jt1 = nc - jt0 < nctw ? nc : jt0 + nctw;
                     for (int s = 0; s < nsub; s++) {
                         const int k0 = kr0 + s * GEMM_KC;
                         const int kc = kr0 + krn - k0 < GEMM_KC ? kr0 + krn - k0 : GEMM_KC;

@@ -72,8 +72,9 @@ static double rel_err_dd(const double* got, const double* ref, size_t n) {
     return sqrt(num) / (den > 0.0 ? sqrt(den) : 1.0);
 }
 
-/* Runs fn (which fills out[0..nout)) with 2 threads, then again with 2, 1
- * and 3 threads; every run must give the same bits. */
+/* Runs fn (which fills out[0..nout)) with 2 threads, then again with 2, 1,
+ * 3 and 8 threads (the GEMM's tasks narrow with more threads); every run
+ * must give the same bits. */
 typedef void (*RunFn)(Backend* be, void* st, float* out);
 static void check_determinism(Backend* be, const char* what, RunFn fn, void* st, size_t nout) {
     float* a = falloc(nout);
@@ -82,8 +83,8 @@ static void check_determinism(Backend* be, const char* what, RunFn fn, void* st,
     omp_set_num_threads(2);
     fill_nan(a, nout);
     fn(be, st, a);
-    const int th[3] = {2, 1, 3};
-    for (int k = 0; k < 3; k++) {
+    const int th[4] = {2, 1, 3, 8};
+    for (int k = 0; k < 4; k++) {
         omp_set_num_threads(th[k]);
         fill_nan(b, nout);
         fn(be, st, b);

@@ -8,7 +8,7 @@
 #     model at P = 1, 2, 4 (m = 8): the first stage of 1F1B holds at most P
 #     micro-batches of activations, GPipe's every stage m.
 #
-#   tools/bench_pp.sh [--device cpu|cuda] [--model d12] [--deep d24] [--b B] [--t T] [--steps N]
+#   tools/bench_pp.sh [--device cpu|cuda] [--model d12] [--deep d16] [--b B] [--t T] [--steps N]
 #
 # On one machine every rank shares the CPU cores or the one GPU (--comm mpi
 # on cuda), so the bubble measured here includes the ranks' contention; it
@@ -16,7 +16,7 @@
 # tables show. Each run writes to a temp directory; nothing is kept.
 set -u
 cd "$(dirname "$0")/.."
-DEVICE=cpu MODEL=d12 DEEP=d24 BB=1 TT=64 STEPS=4
+DEVICE=cpu MODEL=d12 DEEP=d16 BB=1 TT=64 STEPS=4
 while [ $# -gt 0 ]; do
     case "$1" in
     --device) DEVICE="$2"; shift ;;
