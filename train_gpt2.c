@@ -240,25 +240,14 @@ static void trainer_report(Trainer* t) {
     comm_barrier(&t->comm);
 }
 
-static void trainer_build(Trainer* t, int argc, char** argv) {
-    memset(t, 0, sizeof *t);
+/* The batch: B rows of T tokens per micro-batch and data-parallel replica, and the micro-batches
+ * per step (gradient accumulation, or the pipeline's m) from --total_batch_size. */
+static void trainer_batch(Trainer* t, const GPT2Config* cfg) {
     Args* a = &t->a;
-    comm_bootstrap(&t->comm, &argc, &argv);
-    t->rank = t->comm.rank;
-    t->world = t->comm.world;
-    args_parse(a, argc, argv, t->rank);
-    stop_signal_install();   /* SIGTERM/SIGUSR1 from here on: stop at a step boundary (common/stop_signal.h) */
-    threads_setup(&t->comm); /* OpenMP threads per rank, printed per rank (common/threads.h) */
-    t->be = a->use_cuda ? backend_cuda_create(a->dt, t->comm.device_index, a->tf32) : backend_cpu_create();
-    comm_setup(&t->comm, a->comm, t->be, a->comm_timeout);
-
-    /* ---- the batch: micro-batches of B rows per data-parallel replica ---- */
-    int from_file;
-    GPT2Config cfg = model_config(a, &from_file);
     t->B = a->batch_size;
     t->T = a->sequence_length;
-    if (t->T > cfg.max_seq_len)
-        fatal("--sequence_length %d exceeds the model's maximum sequence length %d", t->T, cfg.max_seq_len);
+    if (t->T > cfg->max_seq_len)
+        fatal("--sequence_length %d exceeds the model's maximum sequence length %d", t->T, cfg->max_seq_len);
     if (t->world % a->pipeline_parallel != 0)
         fatal("--pipeline_parallel %d does not divide the %d ranks (ranks = pipeline stages x data-parallel "
               "replicas)",
@@ -277,8 +266,12 @@ static void trainer_build(Trainer* t, int argc, char** argv) {
               a->total_batch_size, t->B, t->T, t->world, tokens_per_micro);
     }
     t->accum = (int)(a->total_batch_size / tokens_per_micro);
+}
 
-    /* ---- this rank's model chunks on their flat buffers, then DDP and the optimizer over them ---- */
+/* This rank's model chunks on their flat buffers (loaded or initialised), then DDP and one
+ * optimizer over every chunk's buffers. */
+static void trainer_model(Trainer* t, const GPT2Config* cfg, int from_file) {
+    Args* a = &t->a;
     PipelineConfig pc = {
         .P = a->pipeline_parallel,
         .V = a->virtual_pipeline_parallel,
@@ -296,7 +289,7 @@ static void trainer_build(Trainer* t, int argc, char** argv) {
         .buckets_per_group = a->buckets_per_group,
         .reduce_early = a->pp_reduce_early};
     Pipeline* pp = &t->pp;
-    pipeline_init(pp, &t->comm, t->be, &cfg, &pc);
+    pipeline_init(pp, &t->comm, t->be, cfg, &pc);
     for (int v = 0; v < pp->V; v++) {
         if (from_file) gpt2_load(&pp->chunks[v].model, a->model);
         else gpt2_init_random(&pp->chunks[v].model, (uint64_t)a->seed);
@@ -305,10 +298,14 @@ static void trainer_build(Trainer* t, int argc, char** argv) {
     pipeline_setup_ddp(pp, &pc, bufs);
     optimizer_init(&t->opt, t->be, bufs, pp->V);
     free(bufs);
+}
 
-    /* ---- data ---- */
+/* The training data (enough rows for one step), the validation data and the tokenizer. */
+static void trainer_data(Trainer* t, const GPT2Config* cfg) {
+    Args* a = &t->a;
+    const int DP = t->pp.DP;
     const size_t rows_per_step = (size_t)t->B * DP * t->accum;
-    dataloader_init(&t->train, a->input_bin, t->T, (size_t)t->B * t->T + 1, cfg.vocab_size, a->shuffle,
+    dataloader_init(&t->train, a->input_bin, t->T, (size_t)t->B * t->T + 1, cfg->vocab_size, a->shuffle,
                     (uint64_t)a->seed);
     if (t->train.nrows < rows_per_step)
         fatal("--input_bin: the training data holds %zu rows of %d+1 tokens, fewer than one step needs "
@@ -316,12 +313,16 @@ static void trainer_build(Trainer* t, int argc, char** argv) {
               t->train.nrows, t->T, t->B, DP, t->accum, rows_per_step);
     t->have_val = a->val_loss_every > 0 && a->input_val_bin[0];
     if (t->have_val)
-        dataloader_init(&t->val, a->input_val_bin, t->T, (size_t)t->B * t->T + 1, cfg.vocab_size, 0, 0);
+        dataloader_init(&t->val, a->input_val_bin, t->T, (size_t)t->B * t->T + 1, cfg->vocab_size, 0, 0);
     t->have_tok = a->sample_every > 0;
     if (t->have_tok) tokenizer_init(&t->tok, a->tokenizer);
-    trainer_report(t);
+}
 
-    /* ---- checkpoints: check --output_dir; with --resume, load the newest complete one ---- */
+/* Checkpoints: checks --output_dir; with --resume, loads the newest complete one. Then the run log
+ * (trimmed to the resumed step). */
+static void trainer_checkpoints(Trainer* t) {
+    Args* a = &t->a;
+    Pipeline* pp = &t->pp;
     CkptHparams hp = {
         .sequence_length = t->T,
         .seed = a->seed,
@@ -356,12 +357,34 @@ static void trainer_build(Trainer* t, int argc, char** argv) {
     free(cks);
     int resumed = ckpt_start(&t->ck, a->resume, &t->prog);
     runlog_open(&t->log, a->output_dir, t->rank, resumed ? t->prog.step : -1);
+}
 
+/* Everything before the first step, in order: the ranks, the flags, the backend, the batch, the
+ * model chunks with DDP and the optimizer, the data, the start-up report, the checkpoints. */
+static void trainer_build(Trainer* t, int argc, char** argv) {
+    memset(t, 0, sizeof *t);
+    Args* a = &t->a;
+    comm_bootstrap(&t->comm, &argc, &argv);
+    t->rank = t->comm.rank;
+    t->world = t->comm.world;
+    args_parse(a, argc, argv, t->rank);
+    stop_signal_install();   /* SIGTERM/SIGUSR1 from here on: stop at a step boundary (common/stop_signal.h) */
+    threads_setup(&t->comm); /* OpenMP threads per rank, printed per rank (common/threads.h) */
+    t->be = a->use_cuda ? backend_cuda_create(a->dt, t->comm.device_index, a->tf32) : backend_cpu_create();
+    comm_setup(&t->comm, a->comm, t->be, a->comm_timeout);
+
+    int from_file;
+    GPT2Config cfg = model_config(a, &from_file);
+    trainer_batch(t, &cfg);
+    trainer_model(t, &cfg, from_file);
+    trainer_data(t, &cfg);
+    trainer_report(t);
+    trainer_checkpoints(t);
     t->inputs = xmalloc(sizeof(int) * (size_t)t->B * t->T);
     t->targets = xmalloc(sizeof(int) * (size_t)t->B * t->T);
     /* the mean over the whole global batch: the reduction is then a plain sum (ddp/ddp.h) */
     t->dloss = (float)(1.0 / (double)a->total_batch_size);
-    t->flops_per_step = gpt2_flops_per_token(&pp->chunks[0].model, t->T) * (double)a->total_batch_size;
+    t->flops_per_step = gpt2_flops_per_token(&t->pp.chunks[0].model, t->T) * (double)a->total_batch_size;
     t->peak_flops = !a->use_cuda ? 0.0 : a->dt == DTYPE_BF16 ? 989e12 : a->tf32 ? 494e12 : 67e12;
 }
 
