@@ -9,6 +9,7 @@
 #     micro-batches of activations, GPipe's every stage m.
 #
 #   tools/bench_pp.sh [--device cpu|cuda] [--model d12] [--deep d16] [--b B] [--t T] [--steps N]
+#                     [--only bubble|memory]
 #
 # On one machine every rank shares the CPU cores or the one GPU (--comm mpi
 # on cuda), so the bubble measured here includes the ranks' contention; it
@@ -16,7 +17,7 @@
 # tables show. Each run writes to a temp directory; nothing is kept.
 set -u
 cd "$(dirname "$0")/.."
-DEVICE=cpu MODEL=d12 DEEP=d16 BB=1 TT=64 STEPS=4
+DEVICE=cpu MODEL=d12 DEEP=d16 BB=1 TT=64 STEPS=4 ONLY=""
 while [ $# -gt 0 ]; do
     case "$1" in
     --device) DEVICE="$2"; shift ;;
@@ -25,10 +26,12 @@ while [ $# -gt 0 ]; do
     --b) BB="$2"; shift ;;
     --t) TT="$2"; shift ;;
     --steps) STEPS="$2"; shift ;;
+    --only) ONLY="$2"; shift ;;
     *) echo "tools/bench_pp.sh: unknown argument '$1'" >&2; exit 2 ;;
     esac
     shift
 done
+case "$ONLY" in "" | bubble | memory) ;; *) echo "tools/bench_pp.sh: --only takes bubble or memory" >&2; exit 2 ;; esac
 [ -x ./train_gpt2 ] && [ -x build/make_shard ] || { echo "tools/bench_pp.sh: build first (make)" >&2; exit 2; }
 TMP=$(mktemp -d /tmp/bench_pp.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
@@ -52,6 +55,7 @@ median_bubble() {
         awk '{ a[NR] = $1 } END { if (NR == 0) print "n/a"; else printf "%.3f", a[int((NR + 1) / 2)] }'
 }
 
+if [ "$ONLY" != memory ]; then
 echo "## Bubble: measured against (P-1)/(V*m) ($DEVICE, $MODEL, B=$BB, T=$TT, $STEPS steps)"
 echo
 echo "| P | V | m | theory | measured (rank 0) | ms/step |"
@@ -67,8 +71,10 @@ for P in 2 4; do for V in 1 2; do for M in 4 8 16; do
         echo "| $P | $V | $M | | failed: $(grep -m1 error "$out.out") | |"
     fi
 done; done; done
-
 echo
+fi
+
+[ "$ONLY" = bubble ] && exit 0
 echo "## Activation memory per rank, 1F1B against GPipe (m = 8; MB of activations on each rank, its slots)"
 echo
 echo "| model | P | schedule | stage 0 | stage P-1 | peak alloc, stage 0 (MB) |"
