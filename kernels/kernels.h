@@ -146,7 +146,7 @@ struct Backend {
     void* compute_stream;
     void* comm_stream;
 
-    /* ---- added for ZeRO-2's embedding chunks (issue 8) ---- */
+    /* ---- slices of the embedding's gradient (ZeRO-2's row chunks) ---- */
     /* dw[OC,C] += dout[:, 0:OC]^T @ inp[N,C], the rows of dout ld_dout (>= OC)
      * elements apart: matmul_backward's dW alone, for a column slice of a
      * wider dout (pass dout + the slice's first column; dw is then the

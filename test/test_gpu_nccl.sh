@@ -5,7 +5,7 @@
 #  - the trainer through NCCL: one rank with --comm nccl (NCCL's collectives on their own stream,
 #    ordered by events) against the same run with no communicator, at zero_stage 0, 1 and 2 and with
 #    the overlapped all-gather: bit-identical losses and model (a sum over one rank is the value).
-#    With 2+ GPUs also N = 2 through NCCL against N = 2 through MPI (issue 7 measures more).
+#    With 2+ GPUs also N = 2 through NCCL against N = 2 through MPI (tools/bench_multigpu.sh measures more).
 source "$(dirname "$0")/lib.sh"
 cd "$(dirname "$0")/.."
 if bash test/test_comm.sh build/test_comm --gpu > "$TMP/comm.txt" 2>&1; then ok "test_comm.sh --gpu: $(tail -1 "$TMP/comm.txt")"

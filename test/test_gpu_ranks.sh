@@ -5,7 +5,7 @@
 # fp32 mode: losses and final parameters within 1e-5 relative; bf16 mode:
 # losses within 1e-2 relative. Also: two identical GPU runs give bit-identical
 # losses, and zero_stage 1 at N=1 equals the plain run bit for bit.
-# ZeRO-2 and the overlapped all-gather (issue 8), fp32 and bf16: zero_stage 2
+# ZeRO-2 and the overlapped all-gather, fp32 and bf16: zero_stage 2
 # at N=1 equals the plain run bit for bit; N = 2, 3 x {zero_stage 2, zero_stage
 # 1 and 2 with --overlap_param_gather} against the one-rank run (tolerances as
 # above); without accumulation zero_stage 2 equals zero_stage 1 bit for bit;

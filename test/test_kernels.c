@@ -498,7 +498,7 @@ static void test_encoder_case(Ctx* cx, int B, int T, int C, int V, int fd) {
     free(used);
 }
 
-/* encoder_backward_range (ZeRO-2's wte chunks, issue 8): dwte points at row
+/* encoder_backward_range (ZeRO-2's wte chunks): dwte points at row
  * v0 and holds rows [v0, v1) only (with guard rows around it that must stay
  * as they were), tokens outside the range skipped; dwte or dwpe NULL skips
  * that half. Against the double reference, and calls over ranges tiling

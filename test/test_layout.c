@@ -3,7 +3,7 @@
  * recomputation for many random parameter lists (some of them matrices the
  * layout may cut into row chunks, some starting a new bucket), bucket sizes,
  * aligns and every world size from 1 to 64, then argument rejection. Row
- * chunks (ZeRO-2's embedding, issue 8): a hand-computed layout, and GPT-2's
+ * chunks (ZeRO-2's embedding): a hand-computed layout, and GPT-2's
  * shapes (wpe then wte of 50304 rows, C = 32 and 768, world 1..8, five bucket
  * sizes): the chunk row count against a brute-force search for the smallest
  * row unit, every chunk but the last a whole unpadded bucket divisible by

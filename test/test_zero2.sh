@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test/test_zero2.sh — ZeRO-2 and the all-gather overlapped with the next
-# forward, end to end on CPU (issue 8):
+# forward, end to end on CPU:
 #  - the equivalence matrix: N in 1..4 x {zero_stage 2, zero_stage 1 with
 #    --overlap_param_gather, zero_stage 2 with --overlap_param_gather} x
 #    gradient accumulation 1/2 (tiny buckets; stage 2 also with one bucket at

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools/bench_multigpu.sh — issue 7 in one command, on a machine with several GPUs: NCCL
+# tools/bench_multigpu.sh — the several-GPU figures in one command: NCCL
 # equivalence, scaling, overlap, memory per rank and a model that fits only with ZeRO-1.
 # Writes DIR/report.md (markdown) and prints it. Run after `make -j` (needs ./train_gpt2,
 # build/make_shard and, for part c, build/nccl_bench). See docs/MULTIGPU.md.
@@ -811,7 +811,7 @@ def part_e(o):
 def cmd_report():
     rev, parts = E.get("REV", "?"), (rd(os.path.join(OUT, "parts_run")) or "").split()
     from datetime import datetime
-    o = [f"# Several GPUs (issue 7){' — SMOKE TEST on CPU' if SMOKE else ''}\n",
+    o = [f"# Several GPUs{' — SMOKE TEST on CPU' if SMOKE else ''}\n",
          f"{datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')} | rev {rev} | {E['NGPU']} x {E['GPU_NAME']} | "
          f"N in {{{E['COUNTS']}}} | NCCL_NVLS_ENABLE=0 | command: `{E['CMDLINE'].strip()}`\n"]
     if SMOKE:

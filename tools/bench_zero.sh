@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tools/bench_zero.sh — memory per rank and step time of zero_stage 1 and 2, with and without
-# --overlap_param_gather, for several N (issue 8). On one GPU the ranks share it through the MPI
+# --overlap_param_gather, for several N. On one GPU the ranks share it through the MPI
 # communicator (--comm mpi), so the step times show the cost of the schedule, not the overlap that
 # separate GPUs would give; the gradient bytes per rank are what they would be on N GPUs.
 #

@@ -1,6 +1,6 @@
 /* tools/nccl_bench.c — bus bandwidth of NCCL's all-reduce, reduce-scatter and
  * all-gather (bf16 and fp32) on the GPUs of this job, one MPI rank per GPU (the
- * local rank picks the GPU), for the figures of tools/bench_multigpu.sh (issue 7).
+ * local rank picks the GPU), for the figures of tools/bench_multigpu.sh.
  *
  *   mpirun -np N build/nccl_bench [--sizes LIST] [--ops LIST] [--dtypes LIST]
  *                                 [--warmup K] [--iters K] [--check 0|1]

@@ -8,7 +8,7 @@
  *    one vocabulary row; runs are summed in fixed chunks of the sorted array
  *    and the pieces of long runs added in chunk order (enc_dwte_phase_a/b).
  *    Same inputs, same order, same bits.
- *  - encoder_backward_range (ZeRO-2's wte chunks, issue 8): the same sort of
+ *  - encoder_backward_range (ZeRO-2's wte chunks): the same sort of
  *    all B*T ids and the same chunks of the sorted array; runs whose id is
  *    outside [v0, v1) are skipped, so every row in the range gets exactly
  *    the terms, in the order, of the whole-range call. The whole-range call
