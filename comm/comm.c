@@ -694,9 +694,9 @@ static void comm_mpi_p2p_start(Comm* c, CommOp op, void* buf, size_t count, DTyp
     r->count = count;
     r->dt = dt;
     r->buf = buf;
-    size_t bytes = count * dtype_size(dt);
     if (m->device) {
 #ifdef USE_CUDA
+        const size_t bytes = count * dtype_size(dt);
         r->host = comm_scratch_get(c, bytes, 1);
         if (op == COMM_OP_SEND) comm_cuda_to_host(c, r->host, buf, bytes);
 #else

@@ -31,6 +31,12 @@
 #define GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
 #define GELU_CUBE 0.044715f
 
+/* the backend's private state (be->ctx) */
+typedef struct {
+    const GemmKernel* gemm;   /* picked at creation by what the CPU runs (cpu_gemm.h) */
+    GemmScratch gemm_scratch; /* the GEMM's packing buffers, reused by every matmul */
+} CpuCtx;
+
 /* ------------------------------------------------------------------ memory */
 
 static void* cpu_alloc(Backend* be, size_t bytes, MemCategory cat) {
@@ -50,14 +56,31 @@ static void cpu_release(Backend* be, void* p, size_t bytes, MemCategory cat) {
     mem_track_free(&be->mem, cat, bytes);
 }
 
+/* Large fills and copies (the gradient buffer every step, 0.5 GB for d12) are
+ * split over the threads: one thread's memset reaches a fraction of the
+ * memory bandwidth. */
+#define CPU_PAR_BYTES ((size_t)1 << 20) /* per piece; smaller calls stay on one thread */
+
 static void cpu_zero(Backend* be, void* p, size_t bytes) {
     (void)be;
-    if (bytes) memset(p, 0, bytes);
+    const size_t np = (bytes + CPU_PAR_BYTES - 1) / CPU_PAR_BYTES;
+#pragma omp parallel for schedule(static) if (np > 1)
+    for (size_t i = 0; i < np; i++) {
+        const size_t off = i * CPU_PAR_BYTES;
+        memset((char*)p + off, 0, bytes - off < CPU_PAR_BYTES ? bytes - off : CPU_PAR_BYTES);
+    }
 }
 
 static void cpu_memcpy(Backend* be, void* dst, const void* src, size_t bytes) {
     (void)be;
-    if (bytes && dst != src) memcpy(dst, src, bytes);
+    if (dst == src) return;
+    const size_t np = (bytes + CPU_PAR_BYTES - 1) / CPU_PAR_BYTES;
+#pragma omp parallel for schedule(static) if (np > 1)
+    for (size_t i = 0; i < np; i++) {
+        const size_t off = i * CPU_PAR_BYTES;
+        memcpy((char*)dst + off, (const char*)src + off,
+               bytes - off < CPU_PAR_BYTES ? bytes - off : CPU_PAR_BYTES);
+    }
 }
 
 static void cpu_synchronize(Backend* be) { (void)be; }
@@ -71,6 +94,7 @@ static void cpu_reset_peak(Backend* be) { be->mem.peak = be->mem.total_current; 
 
 static void cpu_destroy(Backend* be) {
     if (!be) return;
+    gemm_scratch_free(&((CpuCtx*)be->ctx)->gemm_scratch);
     free(be->ctx);
     free(be);
 }
@@ -229,11 +253,11 @@ static void cpu_gelu_backward(Backend* be, void* dinp_, const void* inp_, const 
 
 /* -------------------------------------------------------------------- GEMM */
 
-typedef struct {
-    const GemmKernel* gemm; /* picked at creation by what the CPU runs (cpu_gemm.h) */
-} CpuCtx;
-
-static const GemmKernel* cpu_gemm(Backend* be) { return ((CpuCtx*)be->ctx)->gemm; }
+/* C = A B of g with the backend's micro-kernel and packing buffers */
+static void cpu_gemm_run(Backend* be, const GemmArgs* g) {
+    CpuCtx* ctx = be->ctx;
+    gemm_run(ctx->gemm, &ctx->gemm_scratch, g);
+}
 
 static void cpu_matmul_forward(Backend* be, void* out_, void* pre_gelu_, const void* inp, const void* w,
                                const void* bias, int N, int C, int OC) {
@@ -245,7 +269,7 @@ static void cpu_matmul_forward(Backend* be, void* out_, void* pre_gelu_, const v
                   .B = w, .b_rs = 1, .b_cs = C,   /* w^T: w[OC,C] read by columns */
                   .C = pre, .ldc = OC, .accumulate = 0, .bias = bias};
     /* clang-format on */
-    gemm_run(cpu_gemm(be), &g);
+    cpu_gemm_run(be, &g);
     if (pre_gelu_) cpu_gelu_forward(be, out, pre, (size_t)N * OC);
 }
 
@@ -262,7 +286,7 @@ static void cpu_matmul_backward_weight(Backend* be, void* dw, const void* dout, 
                    .B = inp, .b_rs = C, .b_cs = 1,        /* inp[N,C] */
                    .C = dw, .ldc = C, .accumulate = 1, .bias = NULL};
     /* clang-format on */
-    gemm_run(cpu_gemm(be), &gw);
+    cpu_gemm_run(be, &gw);
 }
 
 static void cpu_matmul_backward(Backend* be, void* dinp_, void* dw_, void* dbias_, const void* dout_,
@@ -277,7 +301,7 @@ static void cpu_matmul_backward(Backend* be, void* dinp_, void* dw_, void* dbias
                        .B = w, .b_rs = C, .b_cs = 1,     /* w[OC,C] */
                        .C = dinp, .ldc = C, .accumulate = 0, .bias = NULL};
         /* clang-format on */
-        gemm_run(cpu_gemm(be), &gi);
+        cpu_gemm_run(be, &gi);
         if (pre_gelu_) {
             const float* pre = pre_gelu_;
             size_t n = (size_t)N * C;

@@ -139,11 +139,24 @@ const GemmKernel* gemm_kernel_best(void) {
 
 /* ------------------------------------------------------------------ packing */
 
-static float* gemm_scratch(size_t floats) {
+/* buf grown to at least floats (its contents are not kept) */
+static float* gemm_scratch_grow(float** buf, size_t* have, size_t floats) {
+    if (*have >= floats) return *buf;
+    free(*buf);
+    *buf = NULL;
+    *have = 0;
     void* p = NULL;
-    if (posix_memalign(&p, 64, floats ? floats * sizeof(float) : 64) != 0 || !p)
+    if (posix_memalign(&p, 64, floats * sizeof(float)) != 0 || !p)
         fatal("cpu backend: out of host memory allocating %zu bytes of GEMM scratch", floats * sizeof(float));
-    return p;
+    *buf = p;
+    *have = floats;
+    return *buf;
+}
+
+void gemm_scratch_free(GemmScratch* s) {
+    free(s->a);
+    free(s->b);
+    *s = (GemmScratch){0};
 }
 
 /* Pack rows [i0, i0+mc) x cols [k0, k0+kc) of A into mr-row micro-panels:
@@ -197,12 +210,16 @@ static void gemm_pack_b_panel(const GemmArgs* g, int nr, float* restrict dst, in
 
 /* Blocking: columns of C in blocks of up to NCB; within one, k in ranges of
  * up to kcb (as much as fits GEMM_BPACK floats, a multiple of KC; all of K
- * when it fits). For each (column block, k-range) all threads first pack
- * that block of B into a shared buffer, then take tasks of MC rows x nctw
- * columns (nctw: NCT, or less when that gives too few tasks for the threads); a task runs its k-range KC at a time (packing its MC x KC block
- * of A each time) so its C tile stays in cache across the k-blocks. Which
- * thread takes which task does not change any result: every C element sees
- * its k-blocks in order (k-ranges are separated by barriers). */
+ * when it fits); within one, rows in blocks of up to mcb (as many as fit
+ * GEMM_APACK floats, a multiple of MC; all of M when they fit). For each
+ * (column block, k-range) all threads pack that block of B into a shared
+ * buffer, then for each row block they pack its rows of A into another, each
+ * row of A and each row of B once. Tasks of MC rows x nctw columns (nctw:
+ * NCT, or less when that gives too few tasks for the threads) then run the
+ * k-range KC at a time, so a task's C tile stays in cache across the
+ * k-blocks. Which thread takes which task does not change any result: every
+ * C element sees its k-blocks in order (k-ranges are separated by
+ * barriers). */
 #ifndef GEMM_NCB
 #define GEMM_NCB 4096 /* columns of a shared packed B block: a multiple of every nr */
 #endif
@@ -212,9 +229,76 @@ static void gemm_pack_b_panel(const GemmArgs* g, int nr, float* restrict dst, in
 #ifndef GEMM_BPACK
 #define GEMM_BPACK ((size_t)2 << 20) /* floats in the shared packed B block (8 MB) */
 #endif
+#ifndef GEMM_APACK
+#define GEMM_APACK ((size_t)2 << 20) /* floats in the shared packed A block (8 MB) */
+#endif
+#ifndef GEMM_SHARE_A
+#define GEMM_SHARE_A 1 /* 0: every task packs its A rows; 1: shared when columns are split; 2: always */
+#endif
+/* kcb * ncb <= GEMM_BPACK and kcb * mcb <= GEMM_APACK, or they are one KC and one MC */
 
-void gemm_run(const GemmKernel* kern, const GemmArgs* g) {
-    const int M = g->M, N = g->N, K = g->K, mr = kern->mr, nr = kern->nr;
+/* One (column block, k-range, row block) of the blocking above: its packed
+ * operands and their extent. In the packed A block, k-block s of the range
+ * starts at Ap + s*KC*mcb and the MC-row task r of the row block at + r*MC*kc;
+ * in the packed B block, k-block s at Bp + s*KC*ncb and its panel p at +
+ * p*nr*kc. */
+typedef struct {
+    const float *Ap, *Bp;
+    int mcb, ncb;   /* row and column capacities of the packed blocks */
+    int i0, mc_blk; /* rows [i0, i0+mc_blk) */
+    int j0, nc;     /* columns [j0, j0+nc) */
+    int kr0, krn;   /* k in [kr0, kr0+krn) */
+} GemmBlock;
+
+/* Task (r, columns [jt0, jt1) of the block) over the whole k-range. With
+ * own_a (MC x KC floats) the task packs its rows of A there itself, k-block
+ * by k-block (they stay in its core's cache); without, it reads them from
+ * the shared packed A block. */
+static void gemm_task(const GemmKernel* kern, const GemmArgs* g, const GemmBlock* b, int r, int jt0, int jt1,
+                      float* own_a, float* tile, float* init) {
+    const int mr = kern->mr, nr = kern->nr;
+    const int i0 = b->i0 + r * GEMM_MC;
+    const int mc = b->i0 + b->mc_blk - i0 < GEMM_MC ? b->i0 + b->mc_blk - i0 : GEMM_MC;
+    const int nsub = (b->krn + GEMM_KC - 1) / GEMM_KC;
+    for (int s = 0; s < nsub; s++) {
+        const int k0 = b->kr0 + s * GEMM_KC;
+        const int kc = b->kr0 + b->krn - k0 < GEMM_KC ? b->kr0 + b->krn - k0 : GEMM_KC;
+        const int first = (k0 == 0) && !g->accumulate;
+        const float* ablk = b->Ap + (size_t)s * GEMM_KC * b->mcb + (size_t)r * GEMM_MC * kc;
+        if (own_a) {
+            gemm_pack_a(g, mr, own_a, i0, mc, k0, kc);
+            ablk = own_a;
+        }
+        const float* bblk = b->Bp + (size_t)s * GEMM_KC * b->ncb;
+        for (int jp = jt0; jp < jt1; jp += nr) {
+            const int cols = jt1 - jp < nr ? jt1 - jp : nr;
+            if (first)
+                for (int j = 0; j < nr; j++) init[j] = (g->bias && j < cols) ? g->bias[b->j0 + jp + j] : 0.0f;
+            const float* bpan = bblk + (size_t)jp * kc;
+            for (int ip = 0; ip < mc; ip += mr) {
+                const int rows = mc - ip < mr ? mc - ip : mr;
+                const float* apan = ablk + (size_t)ip * kc;
+                float* Cc = g->C + (ptrdiff_t)(i0 + ip) * g->ldc + b->j0 + jp;
+                if (rows == mr && cols == nr) {
+                    kern->micro(kc, apan, bpan, Cc, g->ldc, first ? init : NULL);
+                } else {
+                    /* an edge tile: through a full-size copy */
+                    if (!first) {
+                        memset(tile, 0, sizeof(float) * mr * nr);
+                        for (int q = 0; q < rows; q++)
+                            memcpy(tile + q * nr, Cc + (ptrdiff_t)q * g->ldc, sizeof(float) * cols);
+                    }
+                    kern->micro(kc, apan, bpan, tile, nr, first ? init : NULL);
+                    for (int q = 0; q < rows; q++)
+                        memcpy(Cc + (ptrdiff_t)q * g->ldc, tile + q * nr, sizeof(float) * cols);
+                }
+            }
+        }
+    }
+}
+
+void gemm_run(const GemmKernel* kern, GemmScratch* scr, const GemmArgs* g) {
+    const int M = g->M, N = g->N, K = g->K, nr = kern->nr;
     if (M <= 0 || N <= 0) return;
     if (K <= 0) {
         if (!g->accumulate)
@@ -224,79 +308,70 @@ void gemm_run(const GemmKernel* kern, const GemmArgs* g) {
     }
     const int npad = (N + nr - 1) / nr * nr;
     const int ncb = npad < GEMM_NCB ? npad : GEMM_NCB;
-    size_t kcb_s = GEMM_BPACK / (size_t)ncb / GEMM_KC * GEMM_KC;
+    size_t kcb_s = GEMM_BPACK / (size_t)ncb;
+    if (kcb_s > GEMM_APACK / GEMM_MC) kcb_s = GEMM_APACK / GEMM_MC;
+    kcb_s = kcb_s / GEMM_KC * GEMM_KC;
     if (kcb_s < GEMM_KC) kcb_s = GEMM_KC;
     const int kcb = kcb_s >= (size_t)K ? K : (int)kcb_s;
-    const int mt = (M + GEMM_MC - 1) / GEMM_MC;
+    const int mpad = (M + GEMM_MC - 1) / GEMM_MC * GEMM_MC;
+    size_t mcb_s = GEMM_APACK / (size_t)kcb / GEMM_MC * GEMM_MC;
+    if (mcb_s < GEMM_MC) mcb_s = GEMM_MC;
+    const int mcb = mcb_s >= (size_t)mpad ? mpad : (int)mcb_s;
     /* columns per task: the widest (GEMM_NCT, halved down to 128) that still gives each thread
      * about four tasks, so that 16 threads are not left with 11 tasks of a [1024, 768] output */
     const int want = 4 * omp_get_max_threads();
+    const int mt = (mcb + GEMM_MC - 1) / GEMM_MC;
     int nctw = GEMM_NCT;
     while (nctw > 128 && (long)mt * ((ncb + nctw - 1) / nctw) < want) nctw /= 2;
-    float* Bp = gemm_scratch((size_t)kcb * ncb);
+    /* A is packed once into the shared block when the columns are split over several tasks (each
+     * would pack the same rows again), else by each task into its own panel */
+    const int share_a = GEMM_SHARE_A == 2 || (GEMM_SHARE_A == 1 && (ncb + nctw - 1) / nctw > 1);
+    const int nth = omp_get_max_threads();
+    float* Bp = gemm_scratch_grow(&scr->b, &scr->b_floats, (size_t)kcb * ncb);
+    float* Ap = share_a ? gemm_scratch_grow(&scr->a, &scr->a_floats, (size_t)kcb * mcb)
+                        : gemm_scratch_grow(&scr->a, &scr->a_floats, (size_t)nth * GEMM_MC * GEMM_KC);
 #pragma omp parallel
     {
-        float* Ap = gemm_scratch((size_t)GEMM_MC * GEMM_KC);
         float tile[GEMM_TILE_MAX] __attribute__((aligned(64)));
         float init[32] __attribute__((aligned(64)));
-        for (int j0 = 0; j0 < N; j0 += ncb) {
-            const int nc = N - j0 < ncb ? N - j0 : ncb;
-            const int npan = (nc + nr - 1) / nr;
-            const int nct = (nc + nctw - 1) / nctw;
-            for (int kr0 = 0; kr0 < K; kr0 += kcb) {
-                const int krn = K - kr0 < kcb ? K - kr0 : kcb;
-                const int nsub = (krn + GEMM_KC - 1) / GEMM_KC;
-                /* k-block s of the range at Bp + s*KC*ncb; its panel p at + p*nr*kc */
+        GemmBlock b = {.Ap = Ap, .Bp = Bp, .mcb = mcb, .ncb = ncb};
+        float* own_a = share_a ? NULL : Ap + (size_t)omp_get_thread_num() * GEMM_MC * GEMM_KC;
+        for (b.j0 = 0; b.j0 < N; b.j0 += ncb) {
+            b.nc = N - b.j0 < ncb ? N - b.j0 : ncb;
+            const int npan = (b.nc + nr - 1) / nr;
+            const int nct = (b.nc + nctw - 1) / nctw;
+            for (b.kr0 = 0; b.kr0 < K; b.kr0 += kcb) {
+                b.krn = K - b.kr0 < kcb ? K - b.kr0 : kcb;
+                const int nsub = (b.krn + GEMM_KC - 1) / GEMM_KC;
 #pragma omp for schedule(static)
                 for (int t = 0; t < nsub * npan; t++) {
                     const int s = t / npan, p = t % npan;
-                    const int k0 = kr0 + s * GEMM_KC;
-                    const int kc = kr0 + krn - k0 < GEMM_KC ? kr0 + krn - k0 : GEMM_KC;
-                    gemm_pack_b_panel(g, nr, Bp + (size_t)s * GEMM_KC * ncb + (size_t)p * nr * kc, j0 + p * nr,
-                                      k0, kc);
+                    const int k0 = b.kr0 + s * GEMM_KC;
+                    const int kc = b.kr0 + b.krn - k0 < GEMM_KC ? b.kr0 + b.krn - k0 : GEMM_KC;
+                    gemm_pack_b_panel(g, nr, Bp + (size_t)s * GEMM_KC * ncb + (size_t)p * nr * kc,
+                                      b.j0 + p * nr, k0, kc);
                 }
+                for (b.i0 = 0; b.i0 < M; b.i0 += mcb) {
+                    b.mc_blk = M - b.i0 < mcb ? M - b.i0 : mcb;
+                    const int nrt = (b.mc_blk + GEMM_MC - 1) / GEMM_MC;
+#pragma omp for schedule(static)
+                    for (int t = 0; t < (share_a ? nsub * nrt : 0); t++) {
+                        const int s = t / nrt, r = t % nrt;
+                        const int k0 = b.kr0 + s * GEMM_KC;
+                        const int kc = b.kr0 + b.krn - k0 < GEMM_KC ? b.kr0 + b.krn - k0 : GEMM_KC;
+                        const int i0 = b.i0 + r * GEMM_MC;
+                        const int mc = b.i0 + b.mc_blk - i0 < GEMM_MC ? b.i0 + b.mc_blk - i0 : GEMM_MC;
+                        gemm_pack_a(g, kern->mr, Ap + (size_t)s * GEMM_KC * mcb + (size_t)r * GEMM_MC * kc, i0,
+                                    mc, k0, kc);
+                    }
 #pragma omp for schedule(dynamic, 1)
-                for (int task = 0; task < mt * nct; task++) {
-                    const int i0 = (task / nct) * GEMM_MC, jt0 = (task % nct) * nctw;
-                    const int mc = M - i0 < GEMM_MC ? M - i0 : GEMM_MC;
-                    const int jt1 = nc - jt0 < nctw ? nc : jt0 + nctw;
-                    for (int s = 0; s < nsub; s++) {
-                        const int k0 = kr0 + s * GEMM_KC;
-                        const int kc = kr0 + krn - k0 < GEMM_KC ? kr0 + krn - k0 : GEMM_KC;
-                        const int first = (k0 == 0) && !g->accumulate;
-                        const float* bblk = Bp + (size_t)s * GEMM_KC * ncb;
-                        gemm_pack_a(g, mr, Ap, i0, mc, k0, kc);
-                        for (int jp = jt0; jp < jt1; jp += nr) {
-                            const int cols = jt1 - jp < nr ? jt1 - jp : nr;
-                            if (first)
-                                for (int j = 0; j < nr; j++)
-                                    init[j] = (g->bias && j < cols) ? g->bias[j0 + jp + j] : 0.0f;
-                            const float* bpan = bblk + (size_t)jp * kc;
-                            for (int ip = 0; ip < mc; ip += mr) {
-                                const int rows = mc - ip < mr ? mc - ip : mr;
-                                const float* apan = Ap + (size_t)ip * kc;
-                                float* Cc = g->C + (ptrdiff_t)(i0 + ip) * g->ldc + j0 + jp;
-                                if (rows == mr && cols == nr) {
-                                    kern->micro(kc, apan, bpan, Cc, g->ldc, first ? init : NULL);
-                                } else {
-                                    /* an edge tile: through a full-size copy */
-                                    if (!first) {
-                                        memset(tile, 0, sizeof(float) * mr * nr);
-                                        for (int r = 0; r < rows; r++)
-                                            memcpy(tile + r * nr, Cc + (ptrdiff_t)r * g->ldc,
-                                                   sizeof(float) * cols);
-                                    }
-                                    kern->micro(kc, apan, bpan, tile, nr, first ? init : NULL);
-                                    for (int r = 0; r < rows; r++)
-                                        memcpy(Cc + (ptrdiff_t)r * g->ldc, tile + r * nr, sizeof(float) * cols);
-                                }
-                            }
-                        }
+                    for (int task = 0; task < nrt * nct; task++) {
+                        const int jt0 = (task % nct) * nctw;
+                        const int jt1 = b.nc - jt0 < nctw ? b.nc : jt0 + nctw;
+                        gemm_task(kern, g, &b, task / nct, jt0, jt1, own_a, tile, init);
                     }
                 }
             }
         }
-        free(Ap);
     }
-    free(Bp);
 }

@@ -49,8 +49,18 @@ typedef struct {
     const float* bias; /* [N] or NULL; only with accumulate = 0 */
 } GemmArgs;
 
+/* The packing buffers of gemm_run, kept from call to call and grown when a
+ * call needs more (each at most 8 MB): several MB allocated
+ * afresh per call would cost their page faults every time. Start it zeroed;
+ * one scratch serves one gemm_run at a time. */
+typedef struct {
+    float *a, *b;
+    size_t a_floats, b_floats;
+} GemmScratch;
+void gemm_scratch_free(GemmScratch* s);
+
 /* Runs g with kernel k on the calling thread's OpenMP team (it opens a
  * parallel region). fatal() if scratch memory runs out. */
-void gemm_run(const GemmKernel* k, const GemmArgs* g);
+void gemm_run(const GemmKernel* k, GemmScratch* s, const GemmArgs* g);
 
 #endif
