@@ -492,10 +492,133 @@ static int attention_head_size(int C, int NH) {
     return C / NH;
 }
 
-/* Parallel over (b, h). Per head, the keys are transposed into kt[d][s] so
- * that scores for all keys are computed vectorised over s with the sum over
- * d in order; the output row is accumulated vectorised over d with the sum
- * over s in order. */
+/* The attention loops work in blocks of AB floats, one vector register of
+ * the build's target (16 with AVX-512, 8 with AVX, else 4), four blocks at a time so that four
+ * independent sums are in flight: a block of scores accumulates over the
+ * head's dimensions, a block of an output row over the keys, each element's
+ * sum in the same order as the one-at-a-time loop, so the bits do not depend
+ * on the blocking. */
+#if defined(__AVX512F__)
+#define AB 16
+#elif defined(__AVX__)
+#define AB 8
+#else
+#define AB 4
+#endif
+#define AB4 (4 * AB)
+
+/* AB floats as one value: one register */
+typedef float attn_vec __attribute__((vector_size(AB * sizeof(float))));
+static inline attn_vec attn_load(const float* p) {
+    attn_vec v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* acc[j] = sum over d < n in order of x[d] * rows[d*ld + j], j < AB4 (from 0) */
+static inline void attn_dot4(float* restrict acc, const float* restrict x, const float* restrict rows,
+                             size_t ld, int n) {
+    attn_vec a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+    for (int d = 0; d < n; d++) {
+        const float xd = x[d];
+        const float* r = rows + (size_t)d * ld;
+        a0 += xd * attn_load(r);
+        a1 += xd * attn_load(r + AB);
+        a2 += xd * attn_load(r + 2 * AB);
+        a3 += xd * attn_load(r + 3 * AB);
+    }
+    memcpy(acc, &a0, sizeof a0);
+    memcpy(acc + AB, &a1, sizeof a1);
+    memcpy(acc + 2 * AB, &a2, sizeof a2);
+    memcpy(acc + 3 * AB, &a3, sizeof a3);
+}
+
+/* out[d] = sum over s < ns in order of w[s] * rows[s*hs + d], d < hs (from
+ * 0); rows contiguous, hs apart */
+static inline void attn_mix(float* restrict out, const float* restrict w, const float* restrict rows, int ns,
+                            int hs) {
+    int d0 = 0;
+    for (; d0 + AB4 <= hs; d0 += AB4) {
+        attn_vec a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+        for (int s = 0; s < ns; s++) {
+            const float ws = w[s];
+            const float* r = rows + (size_t)s * hs + d0;
+            a0 += ws * attn_load(r);
+            a1 += ws * attn_load(r + AB);
+            a2 += ws * attn_load(r + 2 * AB);
+            a3 += ws * attn_load(r + 3 * AB);
+        }
+        memcpy(out + d0, &a0, sizeof a0);
+        memcpy(out + d0 + AB, &a1, sizeof a1);
+        memcpy(out + d0 + 2 * AB, &a2, sizeof a2);
+        memcpy(out + d0 + 3 * AB, &a3, sizeof a3);
+    }
+    for (; d0 + AB <= hs; d0 += AB) {
+        attn_vec a = {0};
+        for (int s = 0; s < ns; s++) a += w[s] * attn_load(rows + (size_t)s * hs + d0);
+        memcpy(out + d0, &a, sizeof a);
+    }
+    for (; d0 < hs; d0++) {
+        float a = 0.0f;
+        for (int s = 0; s < ns; s++) a += w[s] * rows[(size_t)s * hs + d0];
+        out[d0] = a;
+    }
+}
+
+/* dk[s][d] += (ds[s] * scale) * q[d] and dv[s][d] += p[s] * g[d] for s < ns,
+ * d < hs (rows hs apart): the t-th term of the sums over queries behind dK
+ * and dV, q and g held in registers across the keys. */
+static inline void attn_rank1(float* restrict dk, float* restrict dv, const float* restrict ds, float scale,
+                              const float* restrict p, const float* restrict q, const float* restrict g, int ns,
+                              int hs) {
+    int d0 = 0;
+    for (; d0 + AB4 <= hs; d0 += AB4) {
+        const attn_vec q0 = attn_load(q + d0), q1 = attn_load(q + d0 + AB), q2 = attn_load(q + d0 + 2 * AB),
+                       q3 = attn_load(q + d0 + 3 * AB);
+        const attn_vec g0 = attn_load(g + d0), g1 = attn_load(g + d0 + AB), g2 = attn_load(g + d0 + 2 * AB),
+                       g3 = attn_load(g + d0 + 3 * AB);
+        for (int s = 0; s < ns; s++) {
+            const float dss = ds[s] * scale, ps = p[s];
+            float* k = dk + (size_t)s * hs + d0;
+            float* v = dv + (size_t)s * hs + d0;
+            attn_vec x;
+            x = attn_load(k) + dss * q0, memcpy(k, &x, sizeof x);
+            x = attn_load(k + AB) + dss * q1, memcpy(k + AB, &x, sizeof x);
+            x = attn_load(k + 2 * AB) + dss * q2, memcpy(k + 2 * AB, &x, sizeof x);
+            x = attn_load(k + 3 * AB) + dss * q3, memcpy(k + 3 * AB, &x, sizeof x);
+            x = attn_load(v) + ps * g0, memcpy(v, &x, sizeof x);
+            x = attn_load(v + AB) + ps * g1, memcpy(v + AB, &x, sizeof x);
+            x = attn_load(v + 2 * AB) + ps * g2, memcpy(v + 2 * AB, &x, sizeof x);
+            x = attn_load(v + 3 * AB) + ps * g3, memcpy(v + 3 * AB, &x, sizeof x);
+        }
+    }
+    for (; d0 < hs; d0++)
+        for (int s = 0; s < ns; s++) {
+            dk[(size_t)s * hs + d0] += (ds[s] * scale) * q[d0];
+            dv[(size_t)s * hs + d0] += p[s] * g[d0];
+        }
+}
+
+/* One head's keys (and values) gathered from qkv's rows: transposed into
+ * kt[d][s] (rows Tp apart; columns T..Tp-1 stay 0) and, where the pointers
+ * are given, as contiguous rows kr[s][d], vt[d][s], vr[s][d]. */
+static void attn_gather(float* kt, float* kr, float* vt, float* vr, const float* base, size_t C3, int C, int h,
+                        int T, int hs, size_t Tp) {
+    for (int s = 0; s < T; s++) {
+        const float* k = base + (size_t)s * C3 + C + (size_t)h * hs;
+        const float* v = k + C;
+        for (int d = 0; d < hs; d++) kt[(size_t)d * Tp + s] = k[d];
+        if (kr) memcpy(kr + (size_t)s * hs, k, sizeof(float) * hs);
+        if (vt)
+            for (int d = 0; d < hs; d++) vt[(size_t)d * Tp + s] = v[d];
+        if (vr) memcpy(vr + (size_t)s * hs, v, sizeof(float) * hs);
+    }
+}
+
+/* Parallel over (b, h). Per head, the keys are transposed into kt[d][s]
+ * (rows of Tp = T rounded up to AB4, so that a block may run past the last
+ * key) and the scores of AB4 keys at a time are summed over d in order; the
+ * output row is summed over s in order from contiguous value rows. */
 static void cpu_attention_forward(Backend* be, void* out_, float* lse, const void* qkv_, int B, int T, int C,
                                   int NH) {
     (void)be;
@@ -504,47 +627,35 @@ static void cpu_attention_forward(Backend* be, void* out_, float* lse, const voi
     const int hs = attention_head_size(C, NH);
     const float scale = 1.0f / sqrtf((float)hs);
     const size_t C3 = (size_t)3 * C;
+    const size_t Tp = ((size_t)T + AB4 - 1) / AB4 * AB4;
 #pragma omp parallel
     {
-        float* kt = cpu_scratch(sizeof(float) * (size_t)hs * T);
-        float* sc = cpu_scratch(sizeof(float) * (size_t)T);
-        float* acc = cpu_scratch(sizeof(float) * (size_t)hs);
+        float* kt = cpu_scratch(sizeof(float) * (size_t)hs * Tp);
+        float* vr = cpu_scratch(sizeof(float) * (size_t)hs * T);
+        float* sc = cpu_scratch(sizeof(float) * Tp);
+        memset(kt, 0, sizeof(float) * (size_t)hs * Tp);
 #pragma omp for schedule(dynamic, 1)
         for (int bh = 0; bh < B * NH; bh++) {
             const int b = bh / NH, h = bh % NH;
             const float* base = qkv + (size_t)b * T * C3;
-            for (int s = 0; s < T; s++) {
-                const float* k = base + (size_t)s * C3 + C + (size_t)h * hs;
-                for (int d = 0; d < hs; d++) kt[(size_t)d * T + s] = k[d];
-            }
+            attn_gather(kt, NULL, NULL, vr, base, C3, C, h, T, hs, Tp);
             for (int t = 0; t < T; t++) {
                 const float* q = base + (size_t)t * C3 + (size_t)h * hs;
                 const int ns = t + 1;
-                for (int s = 0; s < ns; s++) sc[s] = 0.0f;
-                for (int d = 0; d < hs; d++) {
-                    const float qd = q[d];
-                    const float* row = kt + (size_t)d * T;
-                    for (int s = 0; s < ns; s++) sc[s] += qd * row[s];
-                }
+                for (int s0 = 0; s0 < ns; s0 += AB4) attn_dot4(sc + s0, q, kt + s0, Tp, hs);
                 for (int s = 0; s < ns; s++) sc[s] *= scale;
                 const float mx = max_f(sc, ns);
                 for (int s = 0; s < ns; s++) sc[s] = exp_f(sc[s] - mx);
                 const double sum = sum_f64(sc, ns);
                 lse[(size_t)bh * T + t] = (float)((double)mx + log(sum));
                 const float inv = (float)(1.0 / sum);
-                for (int d = 0; d < hs; d++) acc[d] = 0.0f;
-                for (int s = 0; s < ns; s++) {
-                    const float p = sc[s] * inv;
-                    const float* v = base + (size_t)s * C3 + 2 * (size_t)C + (size_t)h * hs;
-                    for (int d = 0; d < hs; d++) acc[d] += p * v[d];
-                }
-                float* o = out + ((size_t)b * T + t) * C + (size_t)h * hs;
-                for (int d = 0; d < hs; d++) o[d] = acc[d];
+                for (int s = 0; s < ns; s++) sc[s] *= inv;
+                attn_mix(out + ((size_t)b * T + t) * C + (size_t)h * hs, sc, vr, ns, hs);
             }
         }
         free(kt);
+        free(vr);
         free(sc);
-        free(acc);
     }
 }
 
@@ -564,30 +675,25 @@ static void cpu_attention_backward(Backend* be, void* dqkv_, const void* dout_, 
     const float scale = 1.0f / sqrtf((float)hs);
     const size_t C3 = (size_t)3 * C;
     const size_t th = (size_t)T * hs;
+    const size_t Tp = ((size_t)T + AB4 - 1) / AB4 * AB4;
 #pragma omp parallel
     {
-        float* kt = cpu_scratch(sizeof(float) * th); /* k transposed [hs][T] */
-        float* vt = cpu_scratch(sizeof(float) * th); /* v transposed [hs][T] */
-        float* kr = cpu_scratch(sizeof(float) * th); /* k rows [T][hs] */
-        float* dk = cpu_scratch(sizeof(float) * th); /* [T][hs] */
-        float* dv = cpu_scratch(sizeof(float) * th); /* [T][hs] */
-        float* p = cpu_scratch(sizeof(float) * (size_t)T);
-        float* dp = cpu_scratch(sizeof(float) * (size_t)T);
+        float* kt = cpu_scratch(sizeof(float) * (size_t)hs * Tp); /* k transposed [hs][Tp] */
+        float* vt = cpu_scratch(sizeof(float) * (size_t)hs * Tp); /* v transposed [hs][Tp] */
+        float* kr = cpu_scratch(sizeof(float) * th);              /* k rows [T][hs] */
+        float* dk = cpu_scratch(sizeof(float) * th);              /* [T][hs] */
+        float* dv = cpu_scratch(sizeof(float) * th);              /* [T][hs] */
+        float* p = cpu_scratch(sizeof(float) * Tp);
+        float* dp = cpu_scratch(sizeof(float) * Tp);
         float* dq = cpu_scratch(sizeof(float) * (size_t)hs);
+        memset(kt, 0, sizeof(float) * (size_t)hs * Tp);
+        memset(vt, 0, sizeof(float) * (size_t)hs * Tp);
 #pragma omp for schedule(dynamic, 1)
         for (int bh = 0; bh < B * NH; bh++) {
             const int b = bh / NH, h = bh % NH;
             const float* base = qkv + (size_t)b * T * C3;
             float* dbase = dqkv + (size_t)b * T * C3;
-            for (int s = 0; s < T; s++) {
-                const float* k = base + (size_t)s * C3 + C + (size_t)h * hs;
-                const float* v = k + C;
-                for (int d = 0; d < hs; d++) {
-                    kt[(size_t)d * T + s] = k[d];
-                    vt[(size_t)d * T + s] = v[d];
-                    kr[(size_t)s * hs + d] = k[d];
-                }
-            }
+            attn_gather(kt, kr, vt, NULL, base, C3, C, h, T, hs, Tp);
             memset(dk, 0, sizeof(float) * th);
             memset(dv, 0, sizeof(float) * th);
             for (int t = 0; t < T; t++) {
@@ -596,39 +702,19 @@ static void cpu_attention_backward(Backend* be, void* dqkv_, const void* dout_, 
                 const float* ot = out + ((size_t)b * T + t) * C + (size_t)h * hs;
                 const int ns = t + 1;
                 const float l = lse[(size_t)bh * T + t];
-                for (int s = 0; s < ns; s++) {
-                    p[s] = 0.0f;
-                    dp[s] = 0.0f;
-                }
-                for (int d = 0; d < hs; d++) {
-                    const float qd = q[d], gd = dot[d];
-                    const float* krow = kt + (size_t)d * T;
-                    const float* vrow = vt + (size_t)d * T;
-                    for (int s = 0; s < ns; s++) {
-                        p[s] += qd * krow[s];
-                        dp[s] += gd * vrow[s];
-                    }
+                for (int s0 = 0; s0 < ns; s0 += AB4) {
+                    attn_dot4(p + s0, q, kt + s0, Tp, hs);
+                    attn_dot4(dp + s0, dot, vt + s0, Tp, hs);
                 }
                 const float D = (float)dot_f64(dot, ot, (size_t)hs);
                 for (int s = 0; s < ns; s++) {
                     p[s] = exp_f(p[s] * scale - l);
                     dp[s] = p[s] * (dp[s] - D); /* dS */
                 }
-                for (int d = 0; d < hs; d++) dq[d] = 0.0f;
-                for (int s = 0; s < ns; s++) {
-                    const float ds = dp[s];
-                    const float* k = kr + (size_t)s * hs;
-                    for (int d = 0; d < hs; d++) dq[d] += ds * k[d];
-                }
+                attn_mix(dq, dp, kr, ns, hs); /* sum_s dS k_s */
                 float* dqo = dbase + (size_t)t * C3 + (size_t)h * hs;
                 for (int d = 0; d < hs; d++) dqo[d] = dq[d] * scale;
-                for (int s = 0; s < ns; s++) {
-                    const float dss = dp[s] * scale, ps = p[s];
-                    float* dks = dk + (size_t)s * hs;
-                    float* dvs = dv + (size_t)s * hs;
-                    for (int d = 0; d < hs; d++) dks[d] += dss * q[d];
-                    for (int d = 0; d < hs; d++) dvs[d] += ps * dot[d];
-                }
+                attn_rank1(dk, dv, dp, scale, p, q, dot, ns, hs);
             }
             for (int s = 0; s < T; s++) {
                 float* dks = dbase + (size_t)s * C3 + C + (size_t)h * hs;
