@@ -90,7 +90,7 @@ for mdl in $MODEL $DEEP; do for P in 1 2 4; do for S in 1f1b gpipe; do
             a1=$(grep "^rank $((P - 1)) chunk" "$out.out" | sed 's/.*activations \([0-9.]*\) MB (peak: \([0-9]*\) .*/\1 (\2 slots)/' | head -1)
         fi
         peak=$(grep -o '"peak_alloc_mb":[^,]*' "$out/log.jsonl" | tail -1 | cut -d: -f2)
-        echo "| $mdl | $P | $S | $a0 | $a1 | $peak |"
+        echo "| $mdl | $P | $S | $a0 | $a1 | $peak |" | sed 's/(1 slots)/(1 slot)/g'
     else
         echo "| $mdl | $P | $S | failed: $(grep -m1 error "$out.out") | | |"
     fi
