@@ -213,11 +213,12 @@ static void gemm_pack_b_panel(const GemmArgs* g, int nr, float* restrict dst, in
  * when it fits); within one, rows in blocks of up to mcb (as many as fit
  * GEMM_APACK floats, a multiple of MC; all of M when they fit). For each
  * (column block, k-range) all threads pack that block of B into a shared
- * buffer, then for each row block they pack its rows of A into another, each
- * row of A and each row of B once. Tasks of MC rows x nctw columns (nctw:
- * NCT, or less when that gives too few tasks for the threads) then run the
- * k-range KC at a time, so a task's C tile stays in cache across the
- * k-blocks. Which thread takes which task does not change any result: every
+ * buffer. Tasks of MC rows x nctw columns (nctw: NCT, or less when that gives
+ * too few tasks for the threads) then run the k-range KC at a time, so a
+ * task's C tile stays in cache across the k-blocks. A is packed once per row
+ * block into a second shared buffer when the columns are split over several
+ * tasks (each would pack the same rows again); otherwise each task packs its
+ * own MC x KC panel, which stays in its core's cache. Which thread takes which task does not change any result: every
  * C element sees its k-blocks in order (k-ranges are separated by
  * barriers). */
 #ifndef GEMM_NCB
@@ -231,9 +232,6 @@ static void gemm_pack_b_panel(const GemmArgs* g, int nr, float* restrict dst, in
 #endif
 #ifndef GEMM_APACK
 #define GEMM_APACK ((size_t)2 << 20) /* floats in the shared packed A block (8 MB) */
-#endif
-#ifndef GEMM_SHARE_A
-#define GEMM_SHARE_A 1 /* 0: every task packs its A rows; 1: shared when columns are split; 2: always */
 #endif
 /* kcb * ncb <= GEMM_BPACK and kcb * mcb <= GEMM_APACK, or they are one KC and one MC */
 
@@ -264,11 +262,8 @@ static void gemm_task(const GemmKernel* kern, const GemmArgs* g, const GemmBlock
         const int k0 = b->kr0 + s * GEMM_KC;
         const int kc = b->kr0 + b->krn - k0 < GEMM_KC ? b->kr0 + b->krn - k0 : GEMM_KC;
         const int first = (k0 == 0) && !g->accumulate;
-        const float* ablk = b->Ap + (size_t)s * GEMM_KC * b->mcb + (size_t)r * GEMM_MC * kc;
-        if (own_a) {
-            gemm_pack_a(g, mr, own_a, i0, mc, k0, kc);
-            ablk = own_a;
-        }
+        const float* ablk = own_a ? own_a : b->Ap + (size_t)s * GEMM_KC * b->mcb + (size_t)r * GEMM_MC * kc;
+        if (own_a) gemm_pack_a(g, mr, own_a, i0, mc, k0, kc);
         const float* bblk = b->Bp + (size_t)s * GEMM_KC * b->ncb;
         for (int jp = jt0; jp < jt1; jp += nr) {
             const int cols = jt1 - jp < nr ? jt1 - jp : nr;
@@ -325,7 +320,7 @@ void gemm_run(const GemmKernel* kern, GemmScratch* scr, const GemmArgs* g) {
     while (nctw > 128 && (long)mt * ((ncb + nctw - 1) / nctw) < want) nctw /= 2;
     /* A is packed once into the shared block when the columns are split over several tasks (each
      * would pack the same rows again), else by each task into its own panel */
-    const int share_a = GEMM_SHARE_A == 2 || (GEMM_SHARE_A == 1 && (ncb + nctw - 1) / nctw > 1);
+    const int share_a = (ncb + nctw - 1) / nctw > 1;
     const int nth = omp_get_max_threads();
     float* Bp = gemm_scratch_grow(&scr->b, &scr->b_floats, (size_t)kcb * ncb);
     float* Ap = share_a ? gemm_scratch_grow(&scr->a, &scr->a_floats, (size_t)kcb * mcb)
@@ -354,15 +349,17 @@ void gemm_run(const GemmKernel* kern, GemmScratch* scr, const GemmArgs* g) {
                 for (b.i0 = 0; b.i0 < M; b.i0 += mcb) {
                     b.mc_blk = M - b.i0 < mcb ? M - b.i0 : mcb;
                     const int nrt = (b.mc_blk + GEMM_MC - 1) / GEMM_MC;
+                    if (share_a) { /* the same on every thread: all or none reach the loop */
 #pragma omp for schedule(static)
-                    for (int t = 0; t < (share_a ? nsub * nrt : 0); t++) {
-                        const int s = t / nrt, r = t % nrt;
-                        const int k0 = b.kr0 + s * GEMM_KC;
-                        const int kc = b.kr0 + b.krn - k0 < GEMM_KC ? b.kr0 + b.krn - k0 : GEMM_KC;
-                        const int i0 = b.i0 + r * GEMM_MC;
-                        const int mc = b.i0 + b.mc_blk - i0 < GEMM_MC ? b.i0 + b.mc_blk - i0 : GEMM_MC;
-                        gemm_pack_a(g, kern->mr, Ap + (size_t)s * GEMM_KC * mcb + (size_t)r * GEMM_MC * kc, i0,
-                                    mc, k0, kc);
+                        for (int t = 0; t < nsub * nrt; t++) {
+                            const int s = t / nrt, r = t % nrt;
+                            const int k0 = b.kr0 + s * GEMM_KC;
+                            const int kc = b.kr0 + b.krn - k0 < GEMM_KC ? b.kr0 + b.krn - k0 : GEMM_KC;
+                            const int i0 = b.i0 + r * GEMM_MC;
+                            const int mc = b.i0 + b.mc_blk - i0 < GEMM_MC ? b.i0 + b.mc_blk - i0 : GEMM_MC;
+                            gemm_pack_a(g, kern->mr, Ap + (size_t)s * GEMM_KC * mcb + (size_t)r * GEMM_MC * kc,
+                                        i0, mc, k0, kc);
+                        }
                     }
 #pragma omp for schedule(dynamic, 1)
                     for (int task = 0; task < nrt * nct; task++) {

@@ -50,9 +50,9 @@ typedef struct {
 } GemmArgs;
 
 /* The packing buffers of gemm_run, kept from call to call and grown when a
- * call needs more (each at most 8 MB): several MB allocated
- * afresh per call would cost their page faults every time. Start it zeroed;
- * one scratch serves one gemm_run at a time. */
+ * call needs more (B's at most 8 MB; A's at most 8 MB, or one 96 KB panel a
+ * thread): several MB allocated afresh per call would cost their page faults
+ * every time. Start it zeroed; one scratch serves one gemm_run at a time. */
 typedef struct {
     float *a, *b;
     size_t a_floats, b_floats;
