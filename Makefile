@@ -3,7 +3,7 @@
 #   make               build everything that this machine can build
 #   make NO_CUDA=1     CPU only, even where nvcc exists
 #   make NO_MPI=1      no MPI (single process only)
-#   make CUDA_ARCH=... override the GPU target (default: sm_90 code + PTX)
+#   make CUDA_ARCH=... override the GPU target (default: sm_90a code + sm_90 PTX)
 #   make test          the CPU test suite (what CI runs)
 #   make asan          unit tests, trainer and fuzz replays with AddressSanitizer and
 #                      UndefinedBehaviorSanitizer (gcc, CPU only, no MPI) in build-asan/
@@ -39,7 +39,7 @@ ifneq ($(MPICC),)
   CFLAGS += -DUSE_MPI
 endif
 
-CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+CUDA_ARCH ?= -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=compute_90
 NVCCFLAGS ?= -O3 -std=c++17 $(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-fopenmp
 ifneq ($(NVCC),)
   CFLAGS += -DUSE_CUDA -I$(CUDA_HOME)/include

@@ -908,6 +908,7 @@ static void run_all(Backend* cpu, DType dt) {
     t_attention(&cx, 1, 130, 128, 2);
     t_attention(&cx, 1, 100, 96, 3);
     t_attention(&cx, 1, 77, 256, 2);
+    t_attention(&cx, 1, 200, 64, 1);
     t_attention(&cx, 2, 1024, 768, 12);
     t_classifier(&cx, 8, 100, 128);
     t_classifier(&cx, 37, 1001, 1003);
@@ -915,16 +916,20 @@ static void run_all(Backend* cpu, DType dt) {
     t_optimizer(&cx);
     cx.g->destroy(cx.g);
     if (dt == DTYPE_BF16) {
-        /* the other tile configuration of the tensor-core attention kernels */
-        setenv("GPT2_CUDA_ATTN", "4,8,8", 1);
-        cx.g = backend_cuda_create(dt, 0, 0);
-        unsetenv("GPT2_CUDA_ATTN");
-        printf("== CUDA backend, bf16, attention with GPT2_CUDA_ATTN=4,8,8 (default 8,4,4)\n");
-        t_attention(&cx, 2, 64, 128, 2);
-        t_attention(&cx, 1, 130, 128, 2);
-        t_attention(&cx, 1, 77, 256, 2);
-        t_attention(&cx, 2, 1024, 768, 12);
-        cx.g->destroy(cx.g);
+        /* the mma.sync kernels in both tile configurations (on a compute
+         * capability 9.0 GPU the default above is the wgmma kernels) */
+        const char* cfgs[2] = {"8,4,4", "4,8,8"};
+        for (int k = 0; k < 2; k++) {
+            setenv("GPT2_CUDA_ATTN", cfgs[k], 1);
+            cx.g = backend_cuda_create(dt, 0, 0);
+            unsetenv("GPT2_CUDA_ATTN");
+            printf("== CUDA backend, bf16, attention with GPT2_CUDA_ATTN=%s\n", cfgs[k]);
+            t_attention(&cx, 2, 64, 128, 2);
+            t_attention(&cx, 1, 130, 128, 2);
+            t_attention(&cx, 1, 77, 256, 2);
+            t_attention(&cx, 2, 1024, 768, 12);
+            cx.g->destroy(cx.g);
+        }
     }
 }
 
@@ -1189,10 +1194,13 @@ static void run_bench(void) {
     printf("peak reserved %.2f GB, tracked peak %.2f GB\n", g->peak_reserved(g) / 1e9, g->mem.peak / 1e9);
     g->destroy(g);
 
-    /* attention tile configurations (GPT2_CUDA_ATTN=fwd,dkdv,dq warps a block) */
-    const char* cfgs[4] = {"8,4,4", "4,4,4", "8,8,8", "4,8,8"};
-    printf("attention tile configurations (warps a block: fwd,dkdv,dq), ms:\n");
-    for (int k = 0; k < 4; k++) {
+    /* attention kernels (GPT2_CUDA_ATTN=fwd,dkdv,dq: warps a block of the
+     * mma.sync kernels, or w: wgmma, on compute capability 9.0) */
+    const char* cfgs[5] = {"8,4,4", "4,4,4", "8,8,8", "4,8,8", "w,w,w"};
+    struct cudaDeviceProp prop;
+    int ncfg = cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major == 9 && prop.minor == 0 ? 5 : 4;
+    printf("attention kernels (fwd,dkdv,dq: warps a block, or w: wgmma), ms:\n");
+    for (int k = 0; k < ncfg; k++) {
         setenv("GPT2_CUDA_ATTN", cfgs[k], 1);
         Backend* g2 = backend_cuda_create(DTYPE_BF16, 0, 0);
         unsetenv("GPT2_CUDA_ATTN");
@@ -1214,13 +1222,35 @@ static void run_bench(void) {
         g2->destroy(g2);
     }
 }
+
+/* --attention: the bf16 attention checks alone, with the kernels that
+ * GPT2_CUDA_ATTN (or the default) selects; for working on those kernels */
+static void run_attention_only(Backend* cpu) {
+    Ctx cx;
+    memset(&cx, 0, sizeof cx);
+    cx.g = backend_cuda_create(DTYPE_BF16, 0, 0);
+    cx.c = cpu;
+    cx.dt = DTYPE_BF16;
+    cx.tol = 1e-2;
+    rng_seed(&cx.rng, 0xa77e17ull);
+    const char* env = getenv("GPT2_CUDA_ATTN");
+    printf("== CUDA backend, bf16, attention with GPT2_CUDA_ATTN=%s\n", env && *env ? env : "(default)");
+    t_attention(&cx, 2, 64, 128, 2);
+    t_attention(&cx, 1, 130, 128, 2);
+    t_attention(&cx, 1, 100, 96, 3);
+    t_attention(&cx, 1, 77, 256, 2);
+    t_attention(&cx, 1, 200, 64, 1);
+    t_attention(&cx, 2, 1024, 768, 12);
+    cx.g->destroy(cx.g);
+}
 #endif /* USE_CUDA */
 
 int main(int argc, char** argv) {
-    int bench = 0;
+    int bench = 0, attention_only = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--bench") == 0) bench = 1;
-        else fatal("test_kernels_gpu: unknown flag %s (only --bench)", argv[i]);
+        else if (strcmp(argv[i], "--attention") == 0) attention_only = 1;
+        else fatal("test_kernels_gpu: unknown flag %s (--bench or --attention)", argv[i]);
     }
 #ifdef USE_CUDA
     if (!backend_cuda_available()) {
@@ -1228,12 +1258,18 @@ int main(int argc, char** argv) {
         return test_done("test_kernels_gpu");
     }
     Backend* cpu = backend_cpu_create();
+    if (attention_only) {
+        run_attention_only(cpu);
+        cpu->destroy(cpu);
+        return test_done("test_kernels_gpu");
+    }
     run_all(cpu, DTYPE_FP32);
     run_all(cpu, DTYPE_BF16);
     cpu->destroy(cpu);
     if (bench) run_bench();
 #else
     (void)bench;
+    (void)attention_only;
     printf("test_kernels_gpu: built without CUDA, skipped\n");
 #endif
     return test_done("test_kernels_gpu");

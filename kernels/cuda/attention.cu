@@ -21,6 +21,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
@@ -710,10 +711,13 @@ __global__ void attn_bwd_dkdv_generic(T* dqkv, const T* dout, const T* qkv, cons
 /* ------------------------------------------------------------------------ */
 /* dispatch                                                                 */
 /* ------------------------------------------------------------------------ */
-/* Tile configuration: warps per block of the forward, dK/dV and dQ kernels
- * (4 or 8 each: 64 or 128 own rows a block). Default 8,4,4, the fastest
- * measured (docs/CUDA.md); the environment variable GPT2_CUDA_ATTN=
- * "fwd,dkdv,dq" overrides it (for benchmarking). */
+/* Kernel choice for the forward, dK/dV and dQ: the wgmma kernels
+ * (attention_sm90.cu) on a compute capability 9.0 GPU with head size 64,
+ * else the mma.sync kernels with 8, 4 and 4 warps a block (4 or 8 each: 64
+ * or 128 own rows a block), the fastest measured (docs/CUDA.md). The
+ * environment variable GPT2_CUDA_ATTN="fwd,dkdv,dq" overrides it for
+ * benchmarking and tests: each 4 or 8 (mma.sync warps) or w (wgmma; head
+ * size 64 only, other head sizes then take the default warps). */
 template <int HS, int NW> static void attn_set_smem() {
     CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_mma<HS, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)fwd_smem<HS, NW>()));
@@ -725,17 +729,25 @@ template <int HS, int NW> static void attn_set_smem() {
 
 void cuda_attention_init(Backend* be) {
     CudaCtx* c = cuda_ctx(be);
-    c->attn_nw[0] = 8;
-    c->attn_nw[1] = c->attn_nw[2] = 4;
+    const int sm90 = c->sm90 && attn_sm90_init(be);
+    for (int k = 0; k < 3; k++) c->attn_nw[k] = sm90 ? 0 : (k == 0 ? 8 : 4);
     const char* env = getenv("GPT2_CUDA_ATTN");
     if (env && *env) {
-        int a, b2, d;
-        if (sscanf(env, "%d,%d,%d", &a, &b2, &d) != 3 || (a != 4 && a != 8) || (b2 != 4 && b2 != 8) ||
-            (d != 4 && d != 8))
-            fatal("GPT2_CUDA_ATTN='%s': expected three warp counts, each 4 or 8, e.g. 8,8,4", env);
-        c->attn_nw[0] = a;
-        c->attn_nw[1] = b2;
-        c->attn_nw[2] = d;
+        char f[3][8];
+        if (sscanf(env, "%7[^,],%7[^,],%7s", f[0], f[1], f[2]) != 3)
+            fatal(
+                "GPT2_CUDA_ATTN='%s': expected three choices, each 4, 8 (warps a block) or w (wgmma), e.g. 8,4,4",
+                env);
+        for (int k = 0; k < 3; k++) {
+            if (!strcmp(f[k], "w") && sm90) c->attn_nw[k] = 0;
+            else if (!strcmp(f[k], "w"))
+                fatal(
+                    "GPT2_CUDA_ATTN='%s': w (the wgmma kernels) needs a compute capability 9.0 GPU and a build "
+                    "for sm_90a",
+                    env);
+            else if (!strcmp(f[k], "4") || !strcmp(f[k], "8")) c->attn_nw[k] = f[k][0] - '0';
+            else fatal("GPT2_CUDA_ATTN='%s': '%s' is not 4, 8 (warps a block) or w (wgmma)", env, f[k]);
+        }
     }
     attn_set_smem<64, 4>();
     attn_set_smem<64, 8>();
@@ -784,10 +796,15 @@ void cuda_attention_forward(Backend* be, void* out, float* lse, const void* qkv,
     int HS = C / NH;
     float scale = 1.0f / sqrtf((float)HS);
     if (use_mma(be, HS, out, qkv, nullptr)) {
-        const int nw = cuda_ctx(be)->attn_nw[0];
+        int nw = cuda_ctx(be)->attn_nw[0];
         bf16* o = (bf16*)out;
         const bf16* q = (const bf16*)qkv;
         float sl2 = scale * LOG2E;
+        if (nw == 0 && HS == 64) {
+            attn_sm90_forward(st, o, lse, q, B, T, NH, sl2);
+            return;
+        }
+        if (nw == 0) nw = 8;
         if (HS == 64) {
             if (nw == 8) attn_fwd_launch<64, 8>(st, o, lse, q, B, T, NH, sl2);
             else attn_fwd_launch<64, 4>(st, o, lse, q, B, T, NH, sl2);
@@ -825,17 +842,21 @@ void cuda_attention_backward(Backend* be, void* dqkv, const void* dout, const vo
             <<<cdiv(rows, 8), 256, 0, st>>>(Dbuf, (const float*)dout, (const float*)out, B, T, NH, HS);
     LAUNCH_CHECK();
     if (use_mma(be, HS, dqkv, qkv, dout)) {
-        const int nw1 = cuda_ctx(be)->attn_nw[1], nw2 = cuda_ctx(be)->attn_nw[2];
+        int nw1 = cuda_ctx(be)->attn_nw[1], nw2 = cuda_ctx(be)->attn_nw[2];
         const bf16* q = (const bf16*)qkv;
         const bf16* d = (const bf16*)dout;
         bf16* dq = (bf16*)dqkv;
         float sl2 = scale * LOG2E;
         if (HS == 64) {
+            if (nw1 == 0 || nw2 == 0)
+                attn_sm90_backward(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale, nw1 == 0, nw2 == 0);
             if (nw1 == 8) attn_dkdv_launch<64, 8>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
-            else attn_dkdv_launch<64, 4>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
+            else if (nw1 == 4) attn_dkdv_launch<64, 4>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
             if (nw2 == 8) attn_dq_launch<64, 8>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
-            else attn_dq_launch<64, 4>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
+            else if (nw2 == 4) attn_dq_launch<64, 4>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
         } else {
+            if (nw1 == 0) nw1 = 4;
+            if (nw2 == 0) nw2 = 4;
             if (nw1 == 8) attn_dkdv_launch<128, 8>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
             else attn_dkdv_launch<128, 4>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
             if (nw2 == 8) attn_dq_launch<128, 8>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);

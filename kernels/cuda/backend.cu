@@ -161,6 +161,7 @@ extern "C" Backend* backend_cuda_create(DType dtype, int device_index, int allow
     be->dtype = dtype;
     c->device = device_index;
     c->num_sms = prop.multiProcessorCount;
+    c->sm90 = prop.major == 9 && prop.minor == 0;
     c->allow_tf32 = allow_tf32;
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->comm_stream, cudaStreamNonBlocking));

@@ -65,8 +65,11 @@ struct CudaCtx {
     int nchunks;
     double* dev_sumsq; /* partial sums [nchunks] + result */
     size_t dev_sumsq_bytes;
-    /* attention tensor-core kernels: warps a block (4 or 8) of the forward,
-     * dK/dV and dQ kernels (attention.cu) */
+    /* compute capability 9.0 (H100, H200): the sm_90a machine code runs */
+    int sm90;
+    /* attention tensor-core kernels for the forward, dK/dV and dQ: warps a
+     * block (4 or 8) of the mma.sync kernels, or 0 for the wgmma kernels of
+     * attention_sm90.cu (head size 64 on sm90; attention.cu) */
     int attn_nw[3];
 };
 
@@ -196,6 +199,13 @@ void cuda_matmul_backward_weight(Backend* be, void* dw, const void* dout, int ld
                                  int C, int OC);
 /* attention.cu */
 void cuda_attention_init(Backend* be);
+/* attention_sm90.cu: bf16, head size 64, compute capability 9.0 only.
+ * init: false when this build has no sm_90a machine code for them. */
+bool attn_sm90_init(Backend* be);
+void attn_sm90_forward(cudaStream_t st, bf16* out, float* lse, const bf16* qkv, int B, int T, int NH,
+                       float sl2);
+void attn_sm90_backward(cudaStream_t st, bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
+                        const float* Dbuf, int B, int T, int NH, float sl2, float scale, bool dkdv, bool dq);
 void cuda_attention_forward(Backend* be, void* out, float* lse, const void* qkv, int B, int T, int C, int NH);
 void cuda_attention_backward(Backend* be, void* dqkv, const void* dout, const void* qkv, const void* out,
                              const float* lse, int B, int T, int C, int NH);

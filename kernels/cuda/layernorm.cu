@@ -136,18 +136,25 @@ void cuda_residual_layernorm_forward(Backend* be, void* residual, void* out, flo
 /* ---- backward ---- */
 /* A block of LN_BWD_WARPS warps; each warp walks rows with a fixed stride.
  * Each warp's dw/db sums live in its own slice of shared memory (not in
- * registers: that kept 150 registers a thread and one block a multiprocessor);
+ * registers: that kept 150 registers a thread and one block a multiprocessor),
+ * lane-major: the sum of a lane's element (j, k) at [(j * V + k) * 32 + lane],
+ * so that a warp's 32 updates hit 32 different banks (column-major, with
+ * lanes 32 bytes apart, they hit 4 banks: 8-way conflicts on every update);
  * the next row's inputs are loaded before the current row's reductions. */
 #define LN_BWD_WARPS 4
+
+/* floats of one warp's dw (or db) slice */
+template <int V, int NCH> __host__ __device__ constexpr int ln_bwd_slice() { return NCH * V * 32; }
 
 template <typename T, int V, int NCH>
 __global__ void __launch_bounds__(LN_BWD_WARPS * 32)
     ln_bwd_kernel(T* dinp, float* partial, const T* dout, const T* inp, const T* w, const float* mean,
                   const float* rstd, int N, int C) {
-    extern __shared__ float acc[]; /* [LN_BWD_WARPS][2][C] */
+    constexpr int SL = ln_bwd_slice<V, NCH>();
+    extern __shared__ float acc[]; /* [LN_BWD_WARPS][2][SL] */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    float* myw = acc + (size_t)warp * 2 * C;
-    float* myb = myw + C;
+    float* myw = acc + (size_t)warp * 2 * SL + lane;
+    float* myb = myw + SL;
     float wv[NCH][V];
 #pragma unroll
     for (int j = 0; j < NCH; j++) {
@@ -155,7 +162,7 @@ __global__ void __launch_bounds__(LN_BWD_WARPS * 32)
         if (c < C) {
             load_vec<V>(wv[j], w + c);
 #pragma unroll
-            for (int k = 0; k < V; k++) myw[c + k] = myb[c + k] = 0.0f;
+            for (int k = 0; k < V; k++) myw[(j * V + k) * 32] = myb[(j * V + k) * 32] = 0.0f;
         } else {
 #pragma unroll
             for (int k = 0; k < V; k++) wv[j][k] = 0.0f;
@@ -190,8 +197,8 @@ __global__ void __launch_bounds__(LN_BWD_WARPS * 32)
                     float dn = g[j][k] * wv[j][k];
                     s1 += dn;
                     s2 += dn * x[j][k];
-                    myw[c + k] += g[j][k] * x[j][k];
-                    myb[c + k] += g[j][k];
+                    myw[(j * V + k) * 32] += g[j][k] * x[j][k];
+                    myb[(j * V + k) * 32] += g[j][k];
                 }
             }
         }
@@ -219,12 +226,16 @@ __global__ void __launch_bounds__(LN_BWD_WARPS * 32)
         }
     }
     __syncthreads();
-    /* this block's partial: the warps' sums added in warp order */
+    /* this block's partial: the warps' sums added in warp order; column c
+     * is element (j, k) of lane l where c = (j * 32 + l) * V + k */
     float* dst = partial + (size_t)blockIdx.x * 2 * C;
-    for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) {
+    for (int i = threadIdx.x; i < 2 * C; i += blockDim.x) {
+        const int half = i >= C, c = i - half * C;
+        const int v = c / V, k = c % V;
+        const int idx = half * SL + ((v >> 5) * V + k) * 32 + (v & 31);
         float t = 0.0f;
-        for (int w2 = 0; w2 < LN_BWD_WARPS; w2++) t += acc[(size_t)w2 * 2 * C + c];
-        dst[c] = t;
+        for (int w2 = 0; w2 < LN_BWD_WARPS; w2++) t += acc[(size_t)w2 * 2 * SL + idx];
+        dst[i] = t;
     }
 }
 
@@ -268,10 +279,11 @@ static void ln_bwd(Backend* be, T* dinp, T* dw, T* db, const T* dout, const T* i
     if (N == 0) return;
     constexpr int VV = Vec16<T>::N;
     bool vec = C % VV == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(w);
-    size_t smem = (size_t)LN_BWD_WARPS * 2 * C * sizeof(float);
+    size_t smem = 0;
     int G = 0;
     float* partial = nullptr;
-    auto launch = [&](auto kern) {
+    auto launch = [&](auto kern, int slice) {
+        smem = (size_t)LN_BWD_WARPS * 2 * slice * sizeof(float);
         int per_sm = 0;
         CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, LN_BWD_WARPS * 32, smem));
         if (per_sm < 1) per_sm = 1;
@@ -287,7 +299,7 @@ static void ln_bwd(Backend* be, T* dinp, T* dw, T* db, const T* dout, const T* i
         ok = dispatch_nch<VV>(C, [&](auto nch) {
             constexpr int NCH = decltype(nch)::value;
             if constexpr (NCH * VV <= 32) {
-                launch(ln_bwd_kernel<T, VV, NCH>);
+                launch(ln_bwd_kernel<T, VV, NCH>, ln_bwd_slice<VV, NCH>());
                 return true;
             } else {
                 return false;
@@ -297,7 +309,7 @@ static void ln_bwd(Backend* be, T* dinp, T* dw, T* db, const T* dout, const T* i
         ok = dispatch_nch<1>(C, [&](auto nch) {
             constexpr int NCH = decltype(nch)::value;
             if constexpr (NCH <= 32) {
-                launch(ln_bwd_kernel<T, 1, NCH>);
+                launch(ln_bwd_kernel<T, 1, NCH>, ln_bwd_slice<1, NCH>());
                 return true;
             } else {
                 return false;

@@ -1,0 +1,543 @@
+/* kernels/cuda/attention_sm90.cu — causal attention for Hopper (sm_90a),
+ * bf16, head size 64: the same algorithm as attention.cu's tensor-core
+ * kernels (flash forward with online softmax; backward as D = rowsum(dO*O),
+ * a dK/dV kernel per key block and a dQ kernel per query block, each output
+ * written once: deterministic), with the matrix products on warpgroup MMA
+ * (wgmma, m64n64k16, bf16 in, fp32 accumulate).
+ *
+ * Shared-memory tiles: rows of 64 bf16 = 128 bytes, stored with the 128-byte
+ * swizzle that wgmma reads (16-byte chunk c of row r at chunk c ^ (r & 7),
+ * every tile 1024-byte aligned), filled by cp.async. One tile layout serves
+ * both ways wgmma reads an operand:
+ *  - K-major (the reduction runs along the row: Q, K, V, dO as A or B of
+ *    S = Q K^T, dP = dO V^T): k-step kk starts 32 bytes further on;
+ *  - MN-major (the reduction runs down the rows: V in O += P V, dO in
+ *    dV += P^T dO, Q in dK += dS^T Q, K in dQ += dS K): the B operand is
+ *    read transposed, k-step kk (16 rows) starts 2048 bytes further on.
+ * P and dS go from the accumulators to the A operand in registers (the
+ * m64n64 accumulator layout, rounded to bf16, is the A fragment layout).
+ *
+ * A block is two warpgroups (256 threads); warpgroup w owns 64 rows (queries
+ * in the forward and dQ kernels, keys in dK/dV) and the two share the tiles
+ * of the other side, 64 rows each, double-buffered. Each warp holds 16 rows:
+ * lane (g = lane/4, t = lane%4) holds rows g and g+8, columns 8j + 2t, +1.
+ *
+ * These kernels exist only in the sm_90a machine code (wgmma is not in the
+ * portable PTX); attention.cu calls them only on a compute capability 9.0
+ * device, and elsewhere the mma.sync kernels run. */
+#include "common.cuh"
+
+#include <math.h>
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define ATTN_SM90 1
+#endif
+
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+
+static constexpr int HS = 64;         /* head size these kernels serve */
+static constexpr int ROW = HS * 2;    /* bytes per tile row */
+static constexpr int TILE = 64 * ROW; /* one 64-row tile: 8 KB */
+static constexpr int NT = 256;        /* threads a block: two warpgroups */
+
+#ifdef ATTN_SM90
+namespace {
+
+/* ---- shared-memory tiles ---- */
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/* byte offset of 16-byte chunk c of row r in a swizzled tile */
+__device__ __forceinline__ uint32_t sw128(int r, int c) { return (uint32_t)(r * ROW + ((c ^ (r & 7)) << 4)); }
+
+/* rows [t0, t0 + ROWS) of a head (base = row 0, stride in elements) into
+ * the swizzled tile at shared address sm; rows >= T are zero-filled. */
+template <int ROWS>
+__device__ __forceinline__ void load_tile(uint32_t sm, const bf16* base, int t0, int T, int stride) {
+    for (int i = threadIdx.x; i < ROWS * 8; i += NT) {
+        int r = i >> 3, c = i & 7;
+        int t = t0 + r;
+        bool ok = t < T;
+        const bf16* src = base + (size_t)(ok ? t : 0) * stride + c * 8;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sm + sw128(r, c)), "l"(src),
+                     "r"(ok ? 16 : 0));
+    }
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+/* cp.async's writes become visible to wgmma (the async proxy) after this in
+ * every writing thread, then a barrier */
+__device__ __forceinline__ void fence_async_smem() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+/* ---- wgmma ---- */
+/* Matrix descriptor of a swizzled tile at shared address a: start address,
+ * leading and stride byte offsets (the stride between 8-row groups is 1024;
+ * the leading offset is unused by these shapes and set to the same), 128-byte
+ * swizzle. Adding n to it moves the start by 16 n bytes. */
+__device__ __forceinline__ uint64_t desc(uint32_t a) {
+    return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)(1024 >> 4) << 16) | ((uint64_t)(1024 >> 4) << 32) |
+           (1ull << 62);
+}
+constexpr uint64_t KSTEP_K = 32 >> 4;    /* K-major operand: next 16 columns */
+constexpr uint64_t KSTEP_MN = 2048 >> 4; /* MN-major operand: next 16 rows */
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+/* keeps the compiler from moving accumulator reads or writes across the
+ * asynchronous MMA's issue and wait */
+__device__ __forceinline__ void reg_fence(float (&d)[32]) {
+#pragma unroll
+    for (int i = 0; i < 32; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+#define WG_D32                                                                                                \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),           \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),            \
+        "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),            \
+        "+f"(d[30]), "+f"(d[31])
+#define WG_REGS32                                                                                           \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
+    "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+
+/* d (64x64, fp32) = [d +] A (64x16, shared, K-major) * B (16x64, shared,
+ * K-major: stored as 64 rows of n, 16 columns of k) */
+__device__ __forceinline__ void mma_ss(float (&d)[32], uint64_t a, uint64_t b, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_REGS32
+                 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : WG_D32
+                 : "l"(a), "l"(b), "r"(acc));
+}
+/* d (64x64, fp32) += A (64x16, bf16 pairs in registers, the accumulator
+ * layout) * B (16x64, shared, MN-major: stored as 16 rows of k, 64 columns
+ * of n) */
+__device__ __forceinline__ void mma_rs_t(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_REGS32
+                 ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                 : WG_D32
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+/* accumulator columns 16kc .. 16kc+15 of this thread's rows as the A
+ * fragment of k-step kc */
+__device__ __forceinline__ void to_a(uint32_t (&a)[4], const float (&s)[32], int kc) {
+    a[0] = pack_bf16(s[8 * kc + 0], s[8 * kc + 1]);
+    a[1] = pack_bf16(s[8 * kc + 2], s[8 * kc + 3]);
+    a[2] = pack_bf16(s[8 * kc + 4], s[8 * kc + 5]);
+    a[3] = pack_bf16(s[8 * kc + 6], s[8 * kc + 7]);
+}
+__device__ __forceinline__ void zero32(float (&d)[32]) {
+#pragma unroll
+    for (int i = 0; i < 32; i++) d[i] = 0.0f;
+}
+
+/* the warpgroup's index, read through a shuffle so that the compiler knows it
+ * is the same in every lane: wgmma under a branch it takes for divergent
+ * gets serialised */
+__device__ __forceinline__ int warpgroup() { return __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0); }
+
+/* the block's dynamic shared memory, its start rounded up to 1024 bytes */
+__device__ __forceinline__ uint32_t smem_base() {
+    extern __shared__ __align__(1024) unsigned char smraw[];
+    return (smem_addr(smraw) + 1023u) & ~1023u;
+}
+
+/* S = Q K^T for a warpgroup: 64 rows of a (K-major) against 64 rows of b */
+__device__ __forceinline__ void mma_abt(float (&d)[32], uint32_t a, uint32_t b) {
+    uint64_t da = desc(a), db = desc(b);
+#pragma unroll
+    for (int kk = 0; kk < HS / 16; kk++) mma_ss(d, da + kk * KSTEP_K, db + kk * KSTEP_K, kk);
+}
+/* s (64 x 64 accumulators) rounded to bf16 as the A fragments of the four
+ * k-steps; done before wg_fence so that no register the MMA reads is written
+ * after it (else the compiler inserts its own waits) */
+__device__ __forceinline__ void to_frags(uint32_t (&a)[4][4], const float (&s)[32]) {
+#pragma unroll
+    for (int kc = 0; kc < 4; kc++) to_a(a[kc], s, kc);
+}
+/* d += A (fragments, 64 x 64) * tile b (64 rows of k, MN-major) */
+__device__ __forceinline__ void mma_pb(float (&d)[32], const uint32_t (&a)[4][4], uint32_t b) {
+    uint64_t db = desc(b);
+#pragma unroll
+    for (int kc = 0; kc < 4; kc++) mma_rs_t(d, a[kc], db + kc * KSTEP_MN);
+}
+
+} // namespace
+#endif
+
+constexpr size_t SM90_SMEM_FWD = 1024 + 2 * TILE + 4 * TILE; /* Q[128], K[2][64], V[2][64] */
+constexpr size_t SM90_SMEM_DQ = 1024 + 4 * TILE + 4 * TILE;  /* Q, dO [128]; K, V [2][64] */
+constexpr size_t SM90_SMEM_DKDV =
+    1024 + 4 * TILE + 4 * TILE + 4 * 64 * 4; /* K, V [128]; Q, dO [2][64]; lse, D */
+
+/* ------------------------------------------------------------------------ */
+/* forward: a block per (128 queries, b, h), walking key tiles 0 .. diagonal */
+/* ------------------------------------------------------------------------ */
+__global__ void __launch_bounds__(NT)
+    attn_fwd_sm90(bf16* out, float* lse, const bf16* qkv, int T, int NH, float sl2) {
+#ifdef ATTN_SM90
+    const uint32_t sQ = smem_base(), sK = sQ + 2 * TILE, sV = sK + 2 * TILE;
+    const int qb = gridDim.x - 1 - blockIdx.x; /* heavy blocks first */
+    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    const int C = NH * HS, C3 = 3 * C;
+    const bf16* base = qkv + (size_t)b * T * C3 + h * HS;
+    const int wg = warpgroup(), warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int q0 = qb * 128, qw = q0 + wg * 64; /* block's and warpgroup's first query */
+    const int nkb = (min(q0 + 128, T) - 1) / 64 + 1;
+    const int my_nkb = qw < T ? qw / 64 + 1 : 0; /* key tiles this warpgroup needs */
+    const int qrow = qw + warp * 16 + g;         /* this thread's rows: qrow, qrow + 8 */
+
+    load_tile<128>(sQ, base, q0, T, C3);
+    load_tile<64>(sK, base + C, 0, T, C3);
+    load_tile<64>(sV, base + 2 * C, 0, T, C3);
+    cp_commit();
+
+    float o[32];
+    zero32(o);
+    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
+    for (int kb = 0; kb < nkb; kb++) {
+        const int cur = kb & 1;
+        if (kb + 1 < nkb) {
+            load_tile<64>(sK + (cur ^ 1) * TILE, base + C, (kb + 1) * 64, T, C3);
+            load_tile<64>(sV + (cur ^ 1) * TILE, base + 2 * C, (kb + 1) * 64, T, C3);
+            cp_commit();
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
+        fence_async_smem();
+        __syncthreads();
+        if (kb < my_nkb) {
+            float s[32];
+            zero32(s);
+            wg_fence();
+            mma_abt(s, sQ + wg * TILE, sK + cur * TILE);
+            wg_commit();
+            wg_wait0();
+            reg_fence(s);
+            const bool diag = kb == my_nkb - 1;
+            float mx[2] = {mrow[0], mrow[1]};
+#pragma unroll
+            for (int i = 0; i < 32; i++) {
+                const int e = i & 3;
+                float v = s[i] * sl2;
+                if (diag && kb * 64 + (i >> 2) * 8 + 2 * t4 + (e & 1) > qrow + (e >> 1) * 8) v = -INFINITY;
+                s[i] = v;
+                mx[e >> 1] = fmaxf(mx[e >> 1], v);
+            }
+            float alpha[2];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+                alpha[r] = exp2f(mrow[r] - mx[r]);
+                mrow[r] = mx[r];
+                lrow[r] *= alpha[r];
+            }
+#pragma unroll
+            for (int i = 0; i < 32; i++) {
+                const int r = (i >> 1) & 1;
+                float p = exp2f(s[i] - mrow[r]);
+                s[i] = p;
+                lrow[r] += p;
+                o[i] *= alpha[r];
+            }
+            uint32_t pa[4][4];
+            to_frags(pa, s);
+            wg_fence();
+            reg_fence(o);
+            mma_pb(o, pa, sV + cur * TILE);
+            wg_commit();
+            wg_wait0();
+            reg_fence(o);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float l = lrow[r];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const float inv = 1.0f / l;
+        const int q = qrow + r * 8;
+        if (q < T) {
+            bf16* dst = out + ((size_t)b * T + q) * C + h * HS + 2 * t4;
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                *reinterpret_cast<uint32_t*>(dst + j * 8) =
+                    pack_bf16(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
+            if (t4 == 0) lse[(size_t)bh * T + q] = (mrow[r] + log2f(l)) * LN2;
+        }
+    }
+#endif
+}
+
+/* ------------------------------------------------------------------------ */
+/* backward dK, dV: a block per (128 keys, b, h), walking query tiles from    */
+/* the diagonal to the end                                                    */
+/* ------------------------------------------------------------------------ */
+__global__ void __launch_bounds__(NT, 1)
+    attn_bwd_dkdv_sm90(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* Dbuf,
+                       int T, int NH, float sl2, float scale) {
+#ifdef ATTN_SM90
+    const uint32_t sK = smem_base(), sV = sK + 2 * TILE, sQ = sV + 2 * TILE, sO = sQ + 2 * TILE;
+    extern __shared__ __align__(1024) unsigned char smraw[];
+    float* lse_s = (float*)(smraw + (sO + 2 * TILE - smem_addr(smraw))); /* [2][64], log2 units */
+    float* D_s = lse_s + 2 * 64;                                         /* [2][64] */
+    const int kb = blockIdx.x; /* low key blocks have the most work: first */
+    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    const int C = NH * HS, C3 = 3 * C;
+    const bf16* base = qkv + (size_t)b * T * C3 + h * HS;
+    const bf16* obase = dout + (size_t)b * T * C + h * HS;
+    const float* lse_bh = lse + (size_t)bh * T;
+    const float* D_bh = Dbuf + (size_t)bh * T;
+    const int wg = warpgroup(), warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int k0 = kb * 128, kw = k0 + wg * 64; /* block's and warpgroup's first key */
+    const int nqb = (T + 63) / 64;
+    const int qb0 = k0 / 64;
+    const int my_qb0 = kw / 64; /* first query tile this warpgroup needs */
+    const int krow = kw + warp * 16 + g;
+
+    load_tile<128>(sK, base + C, k0, T, C3);
+    load_tile<128>(sV, base + 2 * C, k0, T, C3);
+    load_tile<64>(sQ, base, qb0 * 64, T, C3);
+    load_tile<64>(sO, obase, qb0 * 64, T, C);
+    cp_commit();
+    if (threadIdx.x < 64) {
+        int q = qb0 * 64 + threadIdx.x;
+        lse_s[threadIdx.x] = q < T ? lse_bh[q] * LOG2E : INFINITY;
+        D_s[threadIdx.x] = q < T ? D_bh[q] : 0.0f;
+    }
+
+    float dk[32], dv[32];
+    zero32(dk);
+    zero32(dv);
+    for (int qb = qb0; qb < nqb; qb++) {
+        const int cur = (qb - qb0) & 1;
+        if (qb + 1 < nqb) {
+            load_tile<64>(sQ + (cur ^ 1) * TILE, base, (qb + 1) * 64, T, C3);
+            load_tile<64>(sO + (cur ^ 1) * TILE, obase, (qb + 1) * 64, T, C);
+            cp_commit();
+            if (threadIdx.x < 64) {
+                int q = (qb + 1) * 64 + threadIdx.x;
+                lse_s[(cur ^ 1) * 64 + threadIdx.x] = q < T ? lse_bh[q] * LOG2E : INFINITY;
+                D_s[(cur ^ 1) * 64 + threadIdx.x] = q < T ? D_bh[q] : 0.0f;
+            }
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
+        fence_async_smem();
+        __syncthreads();
+        if (qb >= my_qb0 && kw < T) {
+            const uint32_t Qc = sQ + cur * TILE, Oc = sO + cur * TILE;
+            const float* lsec = lse_s + cur * 64;
+            const float* Dc = D_s + cur * 64;
+            /* S^T = K_w Q^T and dP^T = V_w dO^T: 64 keys x 64 queries */
+            float st[32], dpt[32];
+            zero32(st);
+            zero32(dpt);
+            wg_fence();
+            mma_abt(st, sK + wg * TILE, Qc);
+            mma_abt(dpt, sV + wg * TILE, Oc);
+            wg_commit();
+            wg_wait0();
+            reg_fence(st);
+            reg_fence(dpt);
+            const bool diag = qb == my_qb0;
+#pragma unroll
+            for (int i = 0; i < 32; i++) {
+                const int e = i & 3;
+                const int qc = (i >> 2) * 8 + 2 * t4 + (e & 1); /* query column in the tile */
+                float p = exp2f(st[i] * sl2 - lsec[qc]);
+                if (diag && krow + (e >> 1) * 8 > qb * 64 + qc) p = 0.0f;
+                st[i] = p;                      /* P^T */
+                dpt[i] = p * (dpt[i] - Dc[qc]); /* dS^T */
+            }
+            uint32_t pa[4][4], da[4][4];
+            to_frags(pa, st);
+            to_frags(da, dpt);
+            wg_fence();
+            reg_fence(dv);
+            reg_fence(dk);
+            mma_pb(dv, pa, Oc); /* dV += P^T dO */
+            mma_pb(dk, da, Qc); /* dK += dS^T Q */
+            wg_commit();
+            wg_wait0();
+            reg_fence(dv);
+            reg_fence(dk);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int key = krow + r * 8;
+        if (key < T) {
+            bf16* dst = dqkv + ((size_t)b * T + key) * C3 + h * HS + 2 * t4;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                *reinterpret_cast<uint32_t*>(dst + C + j * 8) =
+                    pack_bf16(dk[4 * j + 2 * r] * scale, dk[4 * j + 2 * r + 1] * scale);
+                *reinterpret_cast<uint32_t*>(dst + 2 * C + j * 8) =
+                    pack_bf16(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+            }
+        }
+    }
+#endif
+}
+
+/* ------------------------------------------------------------------------ */
+/* backward dQ: a block per (128 queries, b, h), walking key tiles 0 ..      */
+/* diagonal                                                                   */
+/* ------------------------------------------------------------------------ */
+__global__ void __launch_bounds__(NT)
+    attn_bwd_dq_sm90(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* Dbuf, int T,
+                     int NH, float sl2, float scale) {
+#ifdef ATTN_SM90
+    const uint32_t sQ = smem_base(), sO = sQ + 2 * TILE, sK = sO + 2 * TILE, sV = sK + 2 * TILE;
+    const int qb = gridDim.x - 1 - blockIdx.x;
+    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    const int C = NH * HS, C3 = 3 * C;
+    const bf16* base = qkv + (size_t)b * T * C3 + h * HS;
+    const bf16* obase = dout + (size_t)b * T * C + h * HS;
+    const int wg = warpgroup(), warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int q0 = qb * 128, qw = q0 + wg * 64;
+    const int nkb = (min(q0 + 128, T) - 1) / 64 + 1;
+    const int my_nkb = qw < T ? qw / 64 + 1 : 0;
+    const int qrow = qw + warp * 16 + g;
+
+    load_tile<128>(sQ, base, q0, T, C3);
+    load_tile<128>(sO, obase, q0, T, C);
+    load_tile<64>(sK, base + C, 0, T, C3);
+    load_tile<64>(sV, base + 2 * C, 0, T, C3);
+    cp_commit();
+    float lse2[2], Dr[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int q = qrow + r * 8;
+        lse2[r] = q < T ? lse[(size_t)bh * T + q] * LOG2E : INFINITY;
+        Dr[r] = q < T ? Dbuf[(size_t)bh * T + q] : 0.0f;
+    }
+
+    float dq[32];
+    zero32(dq);
+    for (int kb = 0; kb < nkb; kb++) {
+        const int cur = kb & 1;
+        if (kb + 1 < nkb) {
+            load_tile<64>(sK + (cur ^ 1) * TILE, base + C, (kb + 1) * 64, T, C3);
+            load_tile<64>(sV + (cur ^ 1) * TILE, base + 2 * C, (kb + 1) * 64, T, C3);
+            cp_commit();
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
+        fence_async_smem();
+        __syncthreads();
+        if (kb < my_nkb) {
+            const uint32_t Kc = sK + cur * TILE;
+            float s[32], dp[32];
+            zero32(s);
+            zero32(dp);
+            wg_fence();
+            mma_abt(s, sQ + wg * TILE, Kc);
+            mma_abt(dp, sO + wg * TILE, sV + cur * TILE);
+            wg_commit();
+            wg_wait0();
+            reg_fence(s);
+            reg_fence(dp);
+            const bool diag = kb == my_nkb - 1;
+#pragma unroll
+            for (int i = 0; i < 32; i++) {
+                const int e = i & 3;
+                float p = exp2f(s[i] * sl2 - lse2[e >> 1]);
+                if (diag && kb * 64 + (i >> 2) * 8 + 2 * t4 + (e & 1) > qrow + (e >> 1) * 8) p = 0.0f;
+                dp[i] = p * (dp[i] - Dr[e >> 1]); /* dS */
+            }
+            uint32_t da[4][4];
+            to_frags(da, dp);
+            wg_fence();
+            reg_fence(dq);
+            mma_pb(dq, da, Kc); /* dQ += dS K */
+            wg_commit();
+            wg_wait0();
+            reg_fence(dq);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int q = qrow + r * 8;
+        if (q < T) {
+            bf16* dst = dqkv + ((size_t)b * T + q) * C3 + h * HS + 2 * t4;
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                *reinterpret_cast<uint32_t*>(dst + j * 8) =
+                    pack_bf16(dq[4 * j + 2 * r] * scale, dq[4 * j + 2 * r + 1] * scale);
+        }
+    }
+#endif
+}
+
+/* ------------------------------------------------------------------------ */
+/* launchers (attention.cu decides when these run)                          */
+/* ------------------------------------------------------------------------ */
+/* writes 1 where the wgmma kernels were compiled (sm_90a machine code) */
+__global__ void attn_sm90_probe(int* flag) {
+#ifdef ATTN_SM90
+    *flag = 1;
+#else
+    *flag = 0;
+#endif
+}
+
+bool attn_sm90_init(Backend* be) {
+    cudaStream_t st = cuda_ctx(be)->stream;
+    int* dflag = (int*)cuda_scratch(be, sizeof(int));
+    int flag = 0;
+    attn_sm90_probe<<<1, 1, 0, st>>>(dflag);
+    LAUNCH_CHECK();
+    CUDA_CHECK(cudaMemcpyAsync(&flag, dflag, sizeof(int), cudaMemcpyDeviceToHost, st));
+    CUDA_CHECK(cudaStreamSynchronize(st));
+    if (!flag) return false;
+    CUDA_CHECK(
+        cudaFuncSetAttribute(attn_fwd_sm90, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SM90_SMEM_FWD));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dkdv_sm90, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)SM90_SMEM_DKDV));
+    CUDA_CHECK(
+        cudaFuncSetAttribute(attn_bwd_dq_sm90, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SM90_SMEM_DQ));
+    return true;
+}
+
+void attn_sm90_forward(cudaStream_t st, bf16* out, float* lse, const bf16* qkv, int B, int T, int NH,
+                       float sl2) {
+    dim3 grid((T + 127) / 128, B * NH);
+    attn_fwd_sm90<<<grid, NT, SM90_SMEM_FWD, st>>>(out, lse, qkv, T, NH, sl2);
+    LAUNCH_CHECK();
+}
+
+void attn_sm90_backward(cudaStream_t st, bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
+                        const float* Dbuf, int B, int T, int NH, float sl2, float scale, bool dkdv, bool dq) {
+    dim3 grid((T + 127) / 128, B * NH);
+    if (dkdv) {
+        attn_bwd_dkdv_sm90<<<grid, NT, SM90_SMEM_DKDV, st>>>(dqkv, dout, qkv, lse, Dbuf, T, NH, sl2, scale);
+        LAUNCH_CHECK();
+    }
+    if (dq) {
+        attn_bwd_dq_sm90<<<grid, NT, SM90_SMEM_DQ, st>>>(dqkv, dout, qkv, lse, Dbuf, T, NH, sl2, scale);
+        LAUNCH_CHECK();
+    }
+}
