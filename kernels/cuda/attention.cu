@@ -594,6 +594,28 @@ __global__ void attn_bwd_pre(float* Dbuf, const T* dout, const T* out, int B, in
     s = warp_sum(s);
     if (lane == 0) Dbuf[row] = s;
 }
+/* the same for bf16 rows of HS = 8 L elements, 16-byte aligned: L lanes a
+ * row, each with one 16-byte vector of dO and of O, summed across the L lanes */
+template <int L>
+__global__ void attn_bwd_pre_vec(float* Dbuf, const bf16* dout, const bf16* out, long rows, int T_, int NH) {
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long row = i / L;
+    const int c = (int)(i % L);
+    float s = 0.0f;
+    if (row < rows) {
+        const int t = (int)(row % T_);
+        const int bh = (int)(row / T_), b = bh / NH, h = bh % NH;
+        const size_t off = ((size_t)b * T_ + t) * NH * 8 * L + (size_t)h * 8 * L + c * 8;
+        float a[8], o[8];
+        load_vec<8>(a, dout + off);
+        load_vec<8>(o, out + off);
+#pragma unroll
+        for (int k = 0; k < 8; k++) s += a[k] * o[k];
+    }
+#pragma unroll
+    for (int m = L / 2; m > 0; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
+    if (row < rows && c == 0) Dbuf[row] = s;
+}
 
 template <typename T>
 __global__ void attn_bwd_dq_generic(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* Dbuf,
@@ -834,7 +856,14 @@ void cuda_attention_backward(Backend* be, void* dqkv, const void* dout, const vo
     float scale = 1.0f / sqrtf((float)HS);
     size_t rows = (size_t)B * NH * T;
     float* Dbuf = (float*)cuda_scratch(be, rows * sizeof(float));
-    if (be->dtype == DTYPE_BF16)
+    const bool vec = be->dtype == DTYPE_BF16 && aligned16(dout) && aligned16(out);
+    if (vec && HS == 64)
+        attn_bwd_pre_vec<8>
+            <<<cdiv(rows * 8, 256), 256, 0, st>>>(Dbuf, (const bf16*)dout, (const bf16*)out, (long)rows, T, NH);
+    else if (vec && HS == 128)
+        attn_bwd_pre_vec<16><<<cdiv(rows * 16, 256), 256, 0, st>>>(
+            Dbuf, (const bf16*)dout, (const bf16*)out, (long)rows, T, NH);
+    else if (be->dtype == DTYPE_BF16)
         attn_bwd_pre<bf16>
             <<<cdiv(rows, 8), 256, 0, st>>>(Dbuf, (const bf16*)dout, (const bf16*)out, B, T, NH, HS);
     else

@@ -88,19 +88,37 @@ __global__ void __launch_bounds__(CLS_THREADS)
 
 /* bf16 rows that fit in shared memory (Vp*2 bytes <= CLS_SM_MAX, two blocks a
  * multiprocessor): the row is read from memory once into shared memory while
- * each thread keeps an online (max, sum) in log2 units; after the fixed-order
- * block reduction the gradient is computed from shared memory. One read and
- * one write of the logits instead of two reads and a write. (A version that
- * kept the row in registers, 1024 threads a block, ran one block a
- * multiprocessor with no overlap and was slower: 7.1 ms against 5.2.) */
+ * each thread keeps an online (max, sum of exp) of its columns; after the
+ * fixed-order block reduction the gradient is computed from shared memory.
+ * One read and one write of the logits instead of two reads and a write. (A
+ * version that kept the row in registers, 1024 threads a block, ran one
+ * block a multiprocessor with no overlap and was slower: 7.1 ms against 5.2.)
+ * Instructions per element are what this kernel spends besides memory:
+ * exp(x - m) is one multiply-add and one ex2 (x * log2e - m * log2e), the
+ * bounds and target tests are made per 8-column vector, not per column. */
 #define CLS_SM_THREADS 512
 #define CLS_SM_MAX (112 * 1024)
 #define CLS_LOG2E 1.4426950408889634f
 
-__device__ __forceinline__ MaxSum ms_combine2(MaxSum a, MaxSum b) {
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+/* (max, sum of exp(x - max)) pairs in natural units */
+__device__ __forceinline__ MaxSum ms_combine_e(MaxSum a, MaxSum b) {
     float m = fmaxf(a.m, b.m);
     if (m == -INFINITY) return {m, 0.0f};
-    return {m, a.s * exp2f(a.m - m) + b.s * exp2f(b.m - m)};
+    return {m, a.s * ex2((a.m - m) * CLS_LOG2E) + b.s * ex2((b.m - m) * CLS_LOG2E)};
+}
+__device__ __forceinline__ void unpack8(float* v, int4 r) {
+    const __nv_bfloat162* e = reinterpret_cast<const __nv_bfloat162*>(&r);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        float2 f = __bfloat1622float2(e[j]);
+        v[2 * j] = f.x;
+        v[2 * j + 1] = f.y;
+    }
 }
 
 __global__ void __launch_bounds__(CLS_SM_THREADS)
@@ -110,10 +128,11 @@ __global__ void __launch_bounds__(CLS_SM_THREADS)
     __shared__ MaxSum tot;
     const int row = blockIdx.x;
     bf16* x = logits + (size_t)row * Vp;
-    const int nv = Vp / 8;
+    const int nv = Vp / 8, nfull = Vn / 8; /* vectors; those with every column < Vn */
     const int tg = targets[row];
+    const bool tg_ok = tg >= 0 && tg < Vn;
     float lt = 0.0f;
-    if (threadIdx.x == 0) lt = (tg >= 0 && tg < Vn) ? __bfloat162float(x[tg]) : NAN;
+    if (threadIdx.x == 0) lt = tg_ok ? __bfloat162float(x[tg]) : NAN;
     MaxSum acc = {-INFINITY, 0.0f};
     for (int i0 = threadIdx.x; i0 < nv; i0 += 4 * CLS_SM_THREADS) {
         int4 r[4];
@@ -127,52 +146,65 @@ __global__ void __launch_bounds__(CLS_SM_THREADS)
             int i = i0 + u * CLS_SM_THREADS;
             if (i < nv) {
                 rowbuf[i] = r[u];
-                const bf16* e = reinterpret_cast<const bf16*>(&r[u]);
-                float v[8], vm = -INFINITY;
+                float v[8];
+                unpack8(v, r[u]);
+                if (i >= nfull) {
 #pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    v[j] = i * 8 + j < Vn ? __bfloat162float(e[j]) * CLS_LOG2E : -INFINITY;
-                    vm = fmaxf(vm, v[j]);
+                    for (int j = 0; j < 8; j++)
+                        if (i * 8 + j >= Vn) v[j] = -INFINITY;
                 }
+                float vm = v[0];
+#pragma unroll
+                for (int j = 1; j < 8; j++) vm = fmaxf(vm, v[j]);
                 if (vm == -INFINITY) continue; /* padding only */
                 if (vm > acc.m) {
-                    acc.s *= exp2f(acc.m - vm);
+                    acc.s *= ex2((acc.m - vm) * CLS_LOG2E);
                     acc.m = vm;
                 }
+                const float mb = acc.m * CLS_LOG2E;
 #pragma unroll
-                for (int j = 0; j < 8; j++) acc.s += exp2f(v[j] - acc.m);
+                for (int j = 0; j < 8; j++) acc.s += ex2(fmaf(v[j], CLS_LOG2E, -mb));
             }
         }
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         MaxSum other = {__shfl_xor_sync(0xffffffffu, acc.m, o), __shfl_xor_sync(0xffffffffu, acc.s, o)};
-        acc = ms_combine2(acc, other);
+        acc = ms_combine_e(acc, other);
     }
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (lane == 0) red[warp] = acc;
     __syncthreads();
     if (threadIdx.x == 0) {
         MaxSum t = red[0];
-        for (int w = 1; w < CLS_SM_THREADS / 32; w++) t = ms_combine2(t, red[w]);
+        for (int w = 1; w < CLS_SM_THREADS / 32; w++) t = ms_combine_e(t, red[w]);
         tot = t;
-        losses[row] = t.m * 0.6931471805599453f + logf(t.s) - lt;
+        losses[row] = t.m + logf(t.s) - lt;
     }
     __syncthreads();
     if (dloss == 0.0f) return;
-    const float mx = tot.m, inv = 1.0f / tot.s;
+    /* dlogit = softmax * dloss - [column == target] * dloss, 0 past Vn */
+    const float mb = tot.m * CLS_LOG2E, sc = dloss / tot.s;
     for (int i = threadIdx.x; i < nv; i += CLS_SM_THREADS) {
-        int4 r = rowbuf[i];
-        const bf16* e = reinterpret_cast<const bf16*>(&r);
         float v[8];
+        unpack8(v, rowbuf[i]);
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            int c = i * 8 + j;
-            v[j] = c < Vn ? (exp2f(__bfloat162float(e[j]) * CLS_LOG2E - mx) * inv - (c == tg ? 1.0f : 0.0f)) *
-                                dloss
-                          : 0.0f;
+        for (int j = 0; j < 8; j++) v[j] = ex2(fmaf(v[j], CLS_LOG2E, -mb)) * sc;
+        if (i >= nfull) {
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                if (i * 8 + j >= Vn) v[j] = 0.0f;
         }
-        store_vec<8>(x + (size_t)i * 8, v);
+        if (tg_ok && i == tg >> 3) {
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                if (i * 8 + j == tg) v[j] -= dloss;
+        }
+        int4 o;
+        __nv_bfloat162* e = reinterpret_cast<__nv_bfloat162*>(&o);
+#pragma unroll
+        for (int j = 0; j < 4; j++) e[j] = __floats2bfloat162_rn(v[2 * j], v[2 * j + 1]);
+        reinterpret_cast<int4*>(x)[i] = o;
     }
 }
 
