@@ -5,9 +5,10 @@
 #    64-key tiles) and fp32, 2 steps of 2 micro-steps: 0 errors, no leak.
 #  - racecheck (one step each: it is slow): the trainer in fp32 (the fp32
 #    kernels, generic attention): 0 hazards; in bf16 at zero_stage 2 (the
-#    tensor-core attention, the embedding's gradient in row chunks: the
-#    ranged encoder backward and the column-slice dW) and in bf16 with head
-#    size 32 (the generic bf16 attention): no hazard in any of OUR kernels.
+#    tensor-core attention, on Hopper the wgmma kernels; the embedding's
+#    gradient in row chunks: the ranged encoder backward and the column-slice
+#    dW), in bf16 with head size 32 (the generic bf16 attention) and in bf16
+#    with the mma.sync attention: no hazard in any of OUR kernels.
 #    Hazards reported inside cuBLAS's Hopper kernels (nvjet_*, TMA + mbarrier
 #    code that racecheck does not model) are listed and not counted; every
 #    other hazard fails. (Excluding nvjet kernels with --kernel-name-exclude
@@ -70,5 +71,16 @@ if [[ " $TOOLS " == *" racecheck "* ]]; then
         --dtype bf16 --zero_stage 2
     check "racecheck trainer bf16 head size 32: no hazard outside cuBLAS" racecheck rc_bf16_hs32 1 \
         $RACECHECK_RUN --dtype bf16 --n_embd 64
+    # on a Hopper GPU the run above at zero_stage 2 took the wgmma attention;
+    # this one takes the mma.sync kernels
+    racecheck_mma() {
+        export GPT2_CUDA_ATTN=8,4,4
+        racecheck "$@"
+        local rc=$?
+        unset GPT2_CUDA_ATTN
+        return $rc
+    }
+    check "racecheck trainer bf16 mma.sync attention (GPT2_CUDA_ATTN=8,4,4): no hazard outside cuBLAS" \
+        racecheck_mma rc_bf16_mma 1 $RACECHECK_RUN --dtype bf16
 fi
 finish test_gpu_sanitizers

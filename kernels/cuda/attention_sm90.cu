@@ -14,8 +14,12 @@
  *  - MN-major (the reduction runs down the rows: V in O += P V, dO in
  *    dV += P^T dO, Q in dK += dS^T Q, K in dQ += dS K): the B operand is
  *    read transposed, k-step kk (16 rows) starts 2048 bytes further on.
- * P and dS go from the accumulators to the A operand in registers (the
- * m64n64 accumulator layout, rounded to bf16, is the A fragment layout).
+ * The A operand is always in registers: P and dS straight from the
+ * accumulators (the m64n64 accumulator layout, rounded to bf16, is the A
+ * fragment layout), and the operands that stay the same over a block's loop
+ * (Q; K and V; Q and dO) loaded once with ldmatrix before it. In the
+ * backward the products are committed in groups and waited for one group at
+ * a time, so that P is computed while dP runs and dS while dV runs.
  *
  * A block is two warpgroups (256 threads); warpgroup w owns 64 rows (queries
  * in the forward and dQ kernels, keys in dK/dV) and the two share the tiles
@@ -87,12 +91,26 @@ constexpr uint64_t KSTEP_MN = 2048 >> 4; /* MN-major operand: next 16 rows */
 
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+/* wait until at most N committed groups are still running (groups finish in
+ * the order they were committed) */
+template <int N> __device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void wg_wait0() { wg_wait<0>(); }
 /* keeps the compiler from moving accumulator reads or writes across the
  * asynchronous MMA's issue and wait */
 __device__ __forceinline__ void reg_fence(float (&d)[32]) {
 #pragma unroll
     for (int i = 0; i < 32; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/* the A fragments of an MMA are read while it runs: this use after its wait
+ * keeps their registers from being reused before then */
+__device__ __forceinline__ void reg_fence(uint32_t (&a)[4][4]) {
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) asm volatile("" : "+r"(a[i][j])::"memory");
 }
 
 #define WG_D32                                                                                                \
@@ -105,26 +123,24 @@ __device__ __forceinline__ void reg_fence(float (&d)[32]) {
     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
     "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
 
-/* d (64x64, fp32) = [d +] A (64x16, shared, K-major) * B (16x64, shared,
- * K-major: stored as 64 rows of n, 16 columns of k) */
-__device__ __forceinline__ void mma_ss(float (&d)[32], uint64_t a, uint64_t b, int acc) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_REGS32
-                 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : WG_D32
-                 : "l"(a), "l"(b), "r"(acc));
-}
-/* d (64x64, fp32) += A (64x16, bf16 pairs in registers, the accumulator
- * layout) * B (16x64, shared, MN-major: stored as 16 rows of k, 64 columns
- * of n) */
-__device__ __forceinline__ void mma_rs_t(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
+/* d (64x64, fp32) = [d +] A (64x16, bf16 pairs in registers, the
+ * accumulator layout) * B (16x64, shared; TRANS_B 0: K-major, stored as 64
+ * rows of n, 16 columns of k; 1: MN-major, 16 rows of k, 64 columns of n) */
+template <int TRANS_B>
+__device__ __forceinline__ void mma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b, int acc) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_REGS32
-                 ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                 ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
                  : WG_D32
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TRANS_B));
 }
 
+/* 2^x, one MUFU instruction (subnormal results flushed to 0) */
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
@@ -153,11 +169,27 @@ __device__ __forceinline__ uint32_t smem_base() {
     return (smem_addr(smraw) + 1023u) & ~1023u;
 }
 
-/* S = Q K^T for a warpgroup: 64 rows of a (K-major) against 64 rows of b */
-__device__ __forceinline__ void mma_abt(float (&d)[32], uint32_t a, uint32_t b) {
-    uint64_t da = desc(a), db = desc(b);
+/* A operand in registers: this warp's 16 rows of a swizzled 64-row tile as
+ * the A fragments of the four k-steps (ldmatrix: lane l gives the address of
+ * row l % 16, 8 columns at 8 (l / 16) within the k-step). Operands that stay
+ * the same over a kernel's loop (Q in the forward, K and V in dK/dV, Q and
+ * dO in dQ) are read from shared memory once instead of by every MMA: an A
+ * read from shared memory costs as many bytes as the B read again, and the
+ * tensor cores then wait on shared memory. */
+__device__ __forceinline__ void load_frags(uint32_t (&a)[4][4], uint32_t tile, int warp, int lane) {
+    const int r = warp * 16 + (lane & 15);
 #pragma unroll
-    for (int kk = 0; kk < HS / 16; kk++) mma_ss(d, da + kk * KSTEP_K, db + kk * KSTEP_K, kk);
+    for (int kk = 0; kk < 4; kk++)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(a[kk][0]), "=r"(a[kk][1]), "=r"(a[kk][2]), "=r"(a[kk][3])
+                     : "r"(tile + sw128(r, 2 * kk + (lane >> 4))));
+}
+/* d = A B^T for a warpgroup: A (64 x 64, fragments) against the 64 rows of
+ * tile b (K-major): S = Q K^T and its kin */
+__device__ __forceinline__ void mma_abt(float (&d)[32], const uint32_t (&a)[4][4], uint32_t b) {
+    const uint64_t db = desc(b);
+#pragma unroll
+    for (int kk = 0; kk < HS / 16; kk++) mma_rs<0>(d, a[kk], db + kk * KSTEP_K, kk);
 }
 /* s (64 x 64 accumulators) rounded to bf16 as the A fragments of the four
  * k-steps; done before wg_fence so that no register the MMA reads is written
@@ -170,7 +202,7 @@ __device__ __forceinline__ void to_frags(uint32_t (&a)[4][4], const float (&s)[3
 __device__ __forceinline__ void mma_pb(float (&d)[32], const uint32_t (&a)[4][4], uint32_t b) {
     uint64_t db = desc(b);
 #pragma unroll
-    for (int kc = 0; kc < 4; kc++) mma_rs_t(d, a[kc], db + kc * KSTEP_MN);
+    for (int kc = 0; kc < 4; kc++) mma_rs<1>(d, a[kc], db + kc * KSTEP_MN, 1);
 }
 
 } // namespace
@@ -200,9 +232,15 @@ __global__ void __launch_bounds__(NT)
     const int qrow = qw + warp * 16 + g;         /* this thread's rows: qrow, qrow + 8 */
 
     load_tile<128>(sQ, base, q0, T, C3);
+    cp_commit();
     load_tile<64>(sK, base + C, 0, T, C3);
     load_tile<64>(sV, base + 2 * C, 0, T, C3);
     cp_commit();
+    /* Q as A fragments, once */
+    uint32_t qf[4][4];
+    cp_wait<1>();
+    __syncthreads();
+    load_frags(qf, sQ + wg * TILE, warp, lane);
 
     float o[32];
     zero32(o);
@@ -223,7 +261,7 @@ __global__ void __launch_bounds__(NT)
             float s[32];
             zero32(s);
             wg_fence();
-            mma_abt(s, sQ + wg * TILE, sK + cur * TILE);
+            mma_abt(s, qf, sK + cur * TILE);
             wg_commit();
             wg_wait0();
             reg_fence(s);
@@ -313,6 +351,7 @@ __global__ void __launch_bounds__(NT, 1)
 
     load_tile<128>(sK, base + C, k0, T, C3);
     load_tile<128>(sV, base + 2 * C, k0, T, C3);
+    cp_commit();
     load_tile<64>(sQ, base, qb0 * 64, T, C3);
     load_tile<64>(sO, obase, qb0 * 64, T, C);
     cp_commit();
@@ -321,6 +360,13 @@ __global__ void __launch_bounds__(NT, 1)
         lse_s[threadIdx.x] = q < T ? lse_bh[q] * LOG2E : INFINITY;
         D_s[threadIdx.x] = q < T ? D_bh[q] : 0.0f;
     }
+
+    /* this warpgroup's K and V rows as A fragments, once */
+    uint32_t kf[4][4], vf[4][4];
+    cp_wait<1>();
+    __syncthreads();
+    load_frags(kf, sK + wg * TILE, warp, lane);
+    load_frags(vf, sV + wg * TILE, warp, lane);
 
     float dk[32], dv[32];
     zero32(dk);
@@ -350,35 +396,47 @@ __global__ void __launch_bounds__(NT, 1)
             float st[32], dpt[32];
             zero32(st);
             zero32(dpt);
+            /* four groups: S^T, dP^T, dV, dK. P^T is computed while dP^T
+             * runs, dS^T while dV runs. */
             wg_fence();
-            mma_abt(st, sK + wg * TILE, Qc);
-            mma_abt(dpt, sV + wg * TILE, Oc);
+            mma_abt(st, kf, Qc);
             wg_commit();
-            wg_wait0();
+            mma_abt(dpt, vf, Oc);
+            wg_commit();
+            wg_wait<1>();
             reg_fence(st);
-            reg_fence(dpt);
             const bool diag = qb == my_qb0;
 #pragma unroll
             for (int i = 0; i < 32; i++) {
                 const int e = i & 3;
                 const int qc = (i >> 2) * 8 + 2 * t4 + (e & 1); /* query column in the tile */
-                float p = exp2f(st[i] * sl2 - lsec[qc]);
+                float p = ex2(fmaf(st[i], sl2, -lsec[qc]));
                 if (diag && krow + (e >> 1) * 8 > qb * 64 + qc) p = 0.0f;
-                st[i] = p;                      /* P^T */
-                dpt[i] = p * (dpt[i] - Dc[qc]); /* dS^T */
+                st[i] = p; /* P^T */
             }
             uint32_t pa[4][4], da[4][4];
             to_frags(pa, st);
-            to_frags(da, dpt);
             wg_fence();
             reg_fence(dv);
-            reg_fence(dk);
             mma_pb(dv, pa, Oc); /* dV += P^T dO */
+            wg_commit();
+            wg_wait<1>();
+            reg_fence(dpt);
+#pragma unroll
+            for (int i = 0; i < 32; i++) {
+                const int qc = (i >> 2) * 8 + 2 * t4 + (i & 1);
+                dpt[i] = st[i] * (dpt[i] - Dc[qc]); /* dS^T */
+            }
+            to_frags(da, dpt);
+            wg_fence();
+            reg_fence(dk);
             mma_pb(dk, da, Qc); /* dK += dS^T Q */
             wg_commit();
             wg_wait0();
             reg_fence(dv);
             reg_fence(dk);
+            reg_fence(pa);
+            reg_fence(da);
         }
         __syncthreads();
     }
@@ -422,6 +480,7 @@ __global__ void __launch_bounds__(NT)
 
     load_tile<128>(sQ, base, q0, T, C3);
     load_tile<128>(sO, obase, q0, T, C);
+    cp_commit();
     load_tile<64>(sK, base + C, 0, T, C3);
     load_tile<64>(sV, base + 2 * C, 0, T, C3);
     cp_commit();
@@ -432,6 +491,13 @@ __global__ void __launch_bounds__(NT)
         lse2[r] = q < T ? lse[(size_t)bh * T + q] * LOG2E : INFINITY;
         Dr[r] = q < T ? Dbuf[(size_t)bh * T + q] : 0.0f;
     }
+
+    /* this warpgroup's Q and dO rows as A fragments, once */
+    uint32_t qf[4][4], of[4][4];
+    cp_wait<1>();
+    __syncthreads();
+    load_frags(qf, sQ + wg * TILE, warp, lane);
+    load_frags(of, sO + wg * TILE, warp, lane);
 
     float dq[32];
     zero32(dq);
@@ -452,21 +518,26 @@ __global__ void __launch_bounds__(NT)
             float s[32], dp[32];
             zero32(s);
             zero32(dp);
+            /* P is computed while dP runs */
             wg_fence();
-            mma_abt(s, sQ + wg * TILE, Kc);
-            mma_abt(dp, sO + wg * TILE, sV + cur * TILE);
+            mma_abt(s, qf, Kc);
             wg_commit();
-            wg_wait0();
+            mma_abt(dp, of, sV + cur * TILE);
+            wg_commit();
+            wg_wait<1>();
             reg_fence(s);
-            reg_fence(dp);
             const bool diag = kb == my_nkb - 1;
 #pragma unroll
             for (int i = 0; i < 32; i++) {
                 const int e = i & 3;
-                float p = exp2f(s[i] * sl2 - lse2[e >> 1]);
+                float p = ex2(fmaf(s[i], sl2, -lse2[e >> 1]));
                 if (diag && kb * 64 + (i >> 2) * 8 + 2 * t4 + (e & 1) > qrow + (e >> 1) * 8) p = 0.0f;
-                dp[i] = p * (dp[i] - Dr[e >> 1]); /* dS */
+                s[i] = p;
             }
+            wg_wait0();
+            reg_fence(dp);
+#pragma unroll
+            for (int i = 0; i < 32; i++) dp[i] = s[i] * (dp[i] - Dr[(i >> 1) & 1]); /* dS */
             uint32_t da[4][4];
             to_frags(da, dp);
             wg_fence();
@@ -475,6 +546,7 @@ __global__ void __launch_bounds__(NT)
             wg_commit();
             wg_wait0();
             reg_fence(dq);
+            reg_fence(da);
         }
         __syncthreads();
     }
