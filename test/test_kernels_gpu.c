@@ -606,6 +606,20 @@ static void t_matmul_weight(Ctx* cx, int N, int C, int ldd, int col0, int OCs) {
     case_end(cx);
 }
 
+static void t_attention(Ctx* cx, int B, int T, int C, int NH);
+
+/* the attention shapes every kernel choice is checked at: head size 64 (one
+ * and several key tiles, T not a multiple of the tiles), 32 and 128, and
+ * GPT-2 124M's */
+static void t_attention_cases(Ctx* cx) {
+    t_attention(cx, 2, 64, 128, 2);
+    t_attention(cx, 1, 130, 128, 2);
+    t_attention(cx, 1, 100, 96, 3);
+    t_attention(cx, 1, 77, 256, 2);
+    t_attention(cx, 1, 200, 64, 1);
+    t_attention(cx, 2, 1024, 768, 12);
+}
+
 static void t_attention(Ctx* cx, int B, int T, int C, int NH) {
     char name[128], shape[64];
     snprintf(shape, sizeof shape, "B=%d T=%d C=%d NH=%d (hs %d)", B, T, C, NH, C / NH);
@@ -904,12 +918,7 @@ static void run_all(Backend* cpu, DType dt) {
     t_matmul_weight(&cx, 37, 40, 50, 7, 21);            /* odd: the fallback GEMM */
     t_matmul_weight(&cx, 512, 768, 50304, 5184, 5184);  /* a GPT-2 124M wte chunk */
     t_matmul_weight(&cx, 256, 768, 50304, 46656, 3648); /* the last one */
-    t_attention(&cx, 2, 64, 128, 2);
-    t_attention(&cx, 1, 130, 128, 2);
-    t_attention(&cx, 1, 100, 96, 3);
-    t_attention(&cx, 1, 77, 256, 2);
-    t_attention(&cx, 1, 200, 64, 1);
-    t_attention(&cx, 2, 1024, 768, 12);
+    t_attention_cases(&cx);
     t_classifier(&cx, 8, 100, 128);
     t_classifier(&cx, 37, 1001, 1003);
     t_classifier(&cx, 64, 50257, 50304);
@@ -924,10 +933,7 @@ static void run_all(Backend* cpu, DType dt) {
             cx.g = backend_cuda_create(dt, 0, 0);
             unsetenv("GPT2_CUDA_ATTN");
             printf("== CUDA backend, bf16, attention with GPT2_CUDA_ATTN=%s\n", cfgs[k]);
-            t_attention(&cx, 2, 64, 128, 2);
-            t_attention(&cx, 1, 130, 128, 2);
-            t_attention(&cx, 1, 77, 256, 2);
-            t_attention(&cx, 2, 1024, 768, 12);
+            t_attention_cases(&cx);
             cx.g->destroy(cx.g);
         }
     }
@@ -1250,12 +1256,7 @@ static void run_attention_only(Backend* cpu) {
     rng_seed(&cx.rng, 0xa77e17ull);
     const char* env = getenv("GPT2_CUDA_ATTN");
     printf("== CUDA backend, bf16, attention with GPT2_CUDA_ATTN=%s\n", env && *env ? env : "(default)");
-    t_attention(&cx, 2, 64, 128, 2);
-    t_attention(&cx, 1, 130, 128, 2);
-    t_attention(&cx, 1, 100, 96, 3);
-    t_attention(&cx, 1, 77, 256, 2);
-    t_attention(&cx, 1, 200, 64, 1);
-    t_attention(&cx, 2, 1024, 768, 12);
+    t_attention_cases(&cx);
     cx.g->destroy(cx.g);
 }
 #endif /* USE_CUDA */
