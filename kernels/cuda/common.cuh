@@ -53,6 +53,8 @@ struct CudaCtx {
     void* lt_workspace;
     size_t lt_workspace_bytes;
     LtPlan* plans; /* linked list of cached (shape -> descriptors + algorithm) */
+    int gemm_tune; /* GPT2_CUDA_GEMM_TUNE: 0 the heuristic's first algorithm; 1 the fastest candidate
+                    * with its bits (default); 2 the same, printing each choice (matmul.cu) */
     /* one scratch buffer reused by the kernels that need temporary memory
      * (only the compute stream touches it, so successive users are ordered) */
     void* scratch;
@@ -197,6 +199,12 @@ void cuda_matmul_backward(Backend* be, void* dinp, void* dw, void* dbias, const 
                           const void* w, const void* pre_gelu, int N, int C, int OC);
 void cuda_matmul_backward_weight(Backend* be, void* dw, const void* dout, int ld_dout, const void* inp, int N,
                                  int C, int OC);
+/* dbias[OC] += the column sums of dout[N, OC] (deterministic: fp32 partial
+ * sums of fixed row chunks, then a fixed-order sum) */
+void cuda_bias_colsum_add(Backend* be, void* dbias, const void* dout, int N, int OC);
+/* dbias[c] += sum over g in [0, chunks) of partial[g * OC + c], in that
+ * order (for kernels that leave column sums of their output per block) */
+void cuda_bias_partials_add(Backend* be, void* dbias, const float* partial, int chunks, int OC);
 /* attention.cu */
 void cuda_attention_init(Backend* be);
 /* attention_sm90.cu: bf16, head size 64, compute capability 9.0 only.
