@@ -174,25 +174,49 @@ struct AdamParams {
     uint32_t seed;
 };
 
+/* Each thread takes ADAM_UNROLL elements ADAM_THREADS apart per pass and
+ * loads all of them before it computes: four elements' loads in flight per
+ * thread instead of one (the stores of one element could otherwise alias the
+ * next one's loads for all the compiler knows). */
+#define ADAM_UNROLL 4
 template <typename T>
 __global__ void __launch_bounds__(ADAM_THREADS)
-    adamw_kernel(T* params, const T* grads, float* master, float* m, float* v, const DevChunk* chunks,
+    adamw_kernel(T* __restrict__ params, const T* __restrict__ grads, float* __restrict__ master,
+                 float* __restrict__ m, float* __restrict__ v, const DevChunk* __restrict__ chunks,
                  AdamParams a) {
-    DevChunk ch = chunks[blockIdx.x];
-    for (unsigned i = threadIdx.x; i < ch.len; i += ADAM_THREADS) {
-        unsigned long long bi = ch.buf_off + i, si = ch.state_off + i;
-        float g = to_f<T>(grads[ch.grad_off + i]) * a.grad_scale;
-        float mm = a.beta1 * m[si] + (1.0f - a.beta1) * g;
-        float vv = a.beta2 * v[si] + (1.0f - a.beta2) * g * g;
-        float mhat = mm / a.bc1, vhat = vv / a.bc2;
-        float w = master[si];
-        float upd = mhat / (sqrtf(vhat) + a.eps);
-        if (ch.decay) upd += a.wd * w;
-        w -= a.lr * upd;
-        m[si] = mm;
-        v[si] = vv;
-        master[si] = w;
-        params[bi] = param_round<T>(w, a.seed, ch.rng_off + i);
+    const DevChunk ch = chunks[blockIdx.x];
+    for (unsigned i0 = threadIdx.x; i0 < ch.len; i0 += ADAM_UNROLL * ADAM_THREADS) {
+        float g[ADAM_UNROLL], m0[ADAM_UNROLL], v0[ADAM_UNROLL], w0[ADAM_UNROLL];
+#pragma unroll
+        for (int u = 0; u < ADAM_UNROLL; u++) {
+            const unsigned i = i0 + u * ADAM_THREADS;
+            if (i < ch.len) {
+                const unsigned long long si = ch.state_off + i;
+                g[u] = to_f<T>(grads[ch.grad_off + i]);
+                m0[u] = m[si];
+                v0[u] = v[si];
+                w0[u] = master[si];
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < ADAM_UNROLL; u++) {
+            const unsigned i = i0 + u * ADAM_THREADS;
+            if (i < ch.len) {
+                const unsigned long long si = ch.state_off + i;
+                float gs = g[u] * a.grad_scale;
+                float mm = a.beta1 * m0[u] + (1.0f - a.beta1) * gs;
+                float vv = a.beta2 * v0[u] + (1.0f - a.beta2) * gs * gs;
+                float mhat = mm / a.bc1, vhat = vv / a.bc2;
+                float w = w0[u];
+                float upd = mhat / (sqrtf(vhat) + a.eps);
+                if (ch.decay) upd += a.wd * w;
+                w -= a.lr * upd;
+                m[si] = mm;
+                v[si] = vv;
+                master[si] = w;
+                params[ch.buf_off + i] = param_round<T>(w, a.seed, ch.rng_off + i);
+            }
+        }
     }
 }
 

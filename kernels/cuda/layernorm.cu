@@ -170,27 +170,31 @@ __global__ void __launch_bounds__(LN_BWD_WARPS * 32)
     }
     const int stride = gridDim.x * LN_BWD_WARPS;
     int row = blockIdx.x * LN_BWD_WARPS + warp;
-    float g[NCH][V], x[NCH][V];
+    /* a row's every input (dout, inp, the dinp it adds to, mean, rstd) is
+     * loaded while the warp works on the row before, so that a row waits on
+     * no load of its own */
+    float g[NCH][V], x[NCH][V], d[NCH][V];
+    float mu = 0.0f, rs = 0.0f;
     if (row < N) {
+        mu = mean[row];
+        rs = rstd[row];
 #pragma unroll
         for (int j = 0; j < NCH; j++) {
             int c = (j * 32 + lane) * V;
             if (c < C) {
                 load_vec_cs<V>(g[j], dout + (size_t)row * C + c);
                 load_vec_cs<V>(x[j], inp + (size_t)row * C + c);
+                load_vec<V>(d[j], dinp + (size_t)row * C + c);
             }
         }
     }
     for (; row < N; row += stride) {
         const size_t off = (size_t)row * C;
-        const float mu = mean[row], rs = rstd[row];
-        float d[NCH][V];
         float s1 = 0.0f, s2 = 0.0f;
 #pragma unroll
         for (int j = 0; j < NCH; j++) {
             int c = (j * 32 + lane) * V;
             if (c < C) {
-                load_vec<V>(d[j], dinp + off + c);
 #pragma unroll
                 for (int k = 0; k < V; k++) {
                     x[j][k] = (x[j][k] - mu) * rs; /* now the normalized input */
@@ -215,12 +219,15 @@ __global__ void __launch_bounds__(LN_BWD_WARPS * 32)
         }
         const int nx = row + stride;
         if (nx < N) {
+            mu = mean[nx];
+            rs = rstd[nx];
 #pragma unroll
             for (int j = 0; j < NCH; j++) {
                 int c = (j * 32 + lane) * V;
                 if (c < C) {
                     load_vec_cs<V>(g[j], dout + (size_t)nx * C + c);
                     load_vec_cs<V>(x[j], inp + (size_t)nx * C + c);
+                    load_vec<V>(d[j], dinp + (size_t)nx * C + c);
                 }
             }
         }
