@@ -266,28 +266,31 @@ __global__ void __launch_bounds__(NT)
             wg_wait0();
             reg_fence(s);
             const bool diag = kb == my_nkb - 1;
+            /* the running max is of the unscaled scores; the scale goes into
+             * the exponent's multiply-add: p = 2^(s sl2 - max sl2) */
             float mx[2] = {mrow[0], mrow[1]};
 #pragma unroll
             for (int i = 0; i < 32; i++) {
                 const int e = i & 3;
-                float v = s[i] * sl2;
-                if (diag && kb * 64 + (i >> 2) * 8 + 2 * t4 + (e & 1) > qrow + (e >> 1) * 8) v = -INFINITY;
-                s[i] = v;
-                mx[e >> 1] = fmaxf(mx[e >> 1], v);
+                if (diag && kb * 64 + (i >> 2) * 8 + 2 * t4 + (e & 1) > qrow + (e >> 1) * 8) s[i] = -INFINITY;
+                mx[e >> 1] = fmaxf(mx[e >> 1], s[i]);
             }
-            float alpha[2];
+            float alpha[2], msc[2];
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
                 mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-                alpha[r] = exp2f(mrow[r] - mx[r]);
+                /* a row's first tile always has an unmasked key (key 0), so mx
+                 * is finite here and mrow - mx is -inf (alpha 0) or finite */
+                alpha[r] = ex2((mrow[r] - mx[r]) * sl2);
                 mrow[r] = mx[r];
+                msc[r] = mx[r] * sl2;
                 lrow[r] *= alpha[r];
             }
 #pragma unroll
             for (int i = 0; i < 32; i++) {
                 const int r = (i >> 1) & 1;
-                float p = exp2f(s[i] - mrow[r]);
+                float p = ex2(fmaf(s[i], sl2, -msc[r]));
                 s[i] = p;
                 lrow[r] += p;
                 o[i] *= alpha[r];
@@ -316,7 +319,7 @@ __global__ void __launch_bounds__(NT)
             for (int j = 0; j < 8; j++)
                 *reinterpret_cast<uint32_t*>(dst + j * 8) =
                     pack_bf16(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
-            if (t4 == 0) lse[(size_t)bh * T + q] = (mrow[r] + log2f(l)) * LN2;
+            if (t4 == 0) lse[(size_t)bh * T + q] = (mrow[r] * sl2 + log2f(l)) * LN2;
         }
     }
 #endif
