@@ -289,6 +289,24 @@ static void cpu_matmul_backward_weight(Backend* be, void* dw, const void* dout, 
     cpu_gemm_run(be, &gw);
 }
 
+/* dbias[o] += sum_n dout[n,o]: per column, rows in order, in double (the
+ * same bits however the columns fall to threads). The bias gradient of
+ * matmul_backward and of attention_backward (the qkv bias) alike. */
+static void cpu_bias_colsum_add(float* dbias, const float* dout, int N, int OC) {
+    enum { CH = 64 };
+    int nch = (OC + CH - 1) / CH;
+#pragma omp parallel for schedule(static)
+    for (int ch = 0; ch < nch; ch++) {
+        int o0 = ch * CH, cnt = OC - o0 < CH ? OC - o0 : CH;
+        double acc[CH] = {0};
+        for (int n = 0; n < N; n++) {
+            const float* row = dout + (size_t)n * OC + o0;
+            for (int j = 0; j < cnt; j++) acc[j] += (double)row[j];
+        }
+        for (int j = 0; j < cnt; j++) dbias[o0 + j] += (float)acc[j];
+    }
+}
+
 static void cpu_matmul_backward(Backend* be, void* dinp_, void* dw_, void* dbias_, const void* dout_,
                                 const void* inp, const void* w, const void* pre_gelu_, int N, int C, int OC) {
     float* dinp = dinp_;
@@ -310,22 +328,7 @@ static void cpu_matmul_backward(Backend* be, void* dinp_, void* dw_, void* dbias
         }
     }
     if (dw_) cpu_matmul_backward_weight(be, dw_, dout, OC, inp, N, C, OC);
-    /* dbias[o] += sum_n dout[n,o]: per column, rows in order, in double */
-    if (dbias_) {
-        float* dbias = dbias_;
-        enum { CH = 64 };
-        int nch = (OC + CH - 1) / CH;
-#pragma omp parallel for schedule(static)
-        for (int ch = 0; ch < nch; ch++) {
-            int o0 = ch * CH, cnt = OC - o0 < CH ? OC - o0 : CH;
-            double acc[CH] = {0};
-            for (int n = 0; n < N; n++) {
-                const float* row = dout + (size_t)n * OC + o0;
-                for (int j = 0; j < cnt; j++) acc[j] += (double)row[j];
-            }
-            for (int j = 0; j < cnt; j++) dbias[o0 + j] += (float)acc[j];
-        }
-    }
+    if (dbias_) cpu_bias_colsum_add(dbias_, dout, N, OC);
 }
 
 /* ---------------------------------------------------------------- encoder */
@@ -664,7 +667,7 @@ static void cpu_attention_forward(Backend* be, void* out_, float* lse, const voi
  * . v_s, D = dout_t . out_t, dS = P (dP - D); dq_t = scale sum_s dS k_s;
  * dk_s += scale dS q_t and dv_s += P dout_t over t in order, in contiguous
  * per-thread rows that are written out when the head is done. */
-static void cpu_attention_backward(Backend* be, void* dqkv_, const void* dout_, const void* qkv_,
+static void cpu_attention_backward(Backend* be, void* dqkv_, void* dbias, const void* dout_, const void* qkv_,
                                    const void* out_, const float* lse, int B, int T, int C, int NH) {
     (void)be;
     float* dqkv = dqkv_;
@@ -731,6 +734,9 @@ static void cpu_attention_backward(Backend* be, void* dqkv_, const void* dout_, 
         free(dp);
         free(dq);
     }
+    /* the qkv bias gradient: the summation matmul_backward's dbias does, so
+     * the bits are those of the unfused qkv matmul_backward's */
+    if (dbias) cpu_bias_colsum_add(dbias, dqkv, B * T, 3 * C);
 }
 
 /* ------------------------------------------------------------- classifier */

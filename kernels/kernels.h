@@ -125,9 +125,12 @@ struct Backend {
      * the end of backward, through matmul_backward_weight). */
     void (*matmul_backward)(Backend* be, void* dinp, void* dw, void* dbias, const void* dout, const void* inp,
                             const void* w, const void* pre_gelu, int N, int C, int OC);
-    /* dqkv = gradient of attention (overwrite) */
-    void (*attention_backward)(Backend* be, void* dqkv, const void* dout, const void* qkv, const void* out,
-                               const float* lse, int B, int T, int C, int NH);
+    /* dqkv = gradient of attention (overwrite). dbias (NULL: skipped) is the
+     * [3C] gradient of the qkv matmul's bias: dbias += the column sums of
+     * dqkv over its B*T rows, deterministic (the qkv matmul_backward then
+     * gets dbias NULL: computed here, dqkv is not read again for it). */
+    void (*attention_backward)(Backend* be, void* dqkv, void* dbias, const void* dout, const void* qkv,
+                               const void* out, const float* lse, int B, int T, int C, int NH);
     /* dinp = dout * gelu'(inp) (overwrite) */
     void (*gelu_backward)(Backend* be, void* dinp, const void* inp, const void* dout, size_t n);
 

@@ -860,13 +860,16 @@ void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx) {
         NEED_G(l, GPT2_ATTPROJW, GPT2_ATTPROJB);
         be->matmul_backward(be, a.dbtc, GP(m, GPT2_ATTPROJW, l), GP(m, GPT2_ATTPROJB, l), a.dres, la.atty,
                             P(m, W, GPT2_ATTPROJW, l), NULL, (int)BT, (int)C, (int)C);
-        be->attention_backward(be, a.dqkv, a.dbtc, la.qkv, la.atty, la.lse, B, T, (int)C, NH);
+        /* the qkv bias gradient comes from the attention backward (the
+         * column sums of dqkv as it is written), so the qkv matmul gets none */
+        NEED_G(l, GPT2_QKVW, GPT2_QKVB);
+        be->attention_backward(be, a.dqkv, GP(m, GPT2_QKVB, l), a.dbtc, la.qkv, la.atty, la.lse, B, T, (int)C,
+                               NH);
         if (m->recompute >= 2)
             be->layernorm_forward(be, la.ln1, la.ln1_mean, la.ln1_rstd, la.res_in, P(m, W, GPT2_LN1W, l),
                                   P(m, W, GPT2_LN1B, l), (int)BT, (int)C);
-        NEED_G(l, GPT2_QKVW, GPT2_QKVB);
-        be->matmul_backward(be, a.dbtc, GP(m, GPT2_QKVW, l), GP(m, GPT2_QKVB, l), a.dqkv, la.ln1,
-                            P(m, W, GPT2_QKVW, l), NULL, (int)BT, (int)C, (int)(3 * C));
+        be->matmul_backward(be, a.dbtc, GP(m, GPT2_QKVW, l), NULL, a.dqkv, la.ln1, P(m, W, GPT2_QKVW, l), NULL,
+                            (int)BT, (int)C, (int)(3 * C));
         NEED_G(l, GPT2_LN1W, GPT2_LN1B);
         be->layernorm_backward(be, a.dres, GP(m, GPT2_LN1W, l), GP(m, GPT2_LN1B, l), a.dbtc, la.res_in,
                                P(m, W, GPT2_LN1W, l), la.ln1_mean, la.ln1_rstd, (int)BT, (int)C);

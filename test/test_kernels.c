@@ -1146,16 +1146,19 @@ static void test_matmul_fd(Ctx* cx, int N, int C, int OC, int mode) {
 
 typedef struct {
     int B, T, C, NH;
-    float *qkv, *dout;
+    float *qkv, *dout, *dbias0;
 } AttSt;
 
-/* out: [out B*T*C | lse B*NH*T | dqkv B*T*3C] */
+/* out: [out B*T*C | lse B*NH*T | dqkv B*T*3C | dbias 3C (from dbias0: it
+ * accumulates)] */
 static void att_run(Backend* be, void* p, float* o) {
     AttSt* s = p;
     const size_t no = (size_t)s->B * s->T * s->C, nl = (size_t)s->B * s->NH * s->T;
+    float* db = o + no + nl + 3 * no;
     fill_nan(o, no + nl + 3 * no);
+    memcpy(db, s->dbias0, sizeof(float) * 3 * (size_t)s->C);
     be->attention_forward(be, o, o + no, s->qkv, s->B, s->T, s->C, s->NH);
-    be->attention_backward(be, o + no + nl, s->dout, s->qkv, o, o + no, s->B, s->T, s->C, s->NH);
+    be->attention_backward(be, o + no + nl, db, s->dout, s->qkv, o, o + no, s->B, s->T, s->C, s->NH);
 }
 
 typedef struct {
@@ -1174,11 +1177,12 @@ static void test_attention_case(Ctx* cx, int B, int T, int C, int NH, float scal
     Backend* be = cx->be;
     Rng r;
     case_rng(cx, &r);
-    const size_t no = (size_t)B * T * C, nq = 3 * no, nl = (size_t)B * NH * T;
-    AttSt s = {B, T, C, NH, falloc(nq), falloc(no)};
+    const size_t no = (size_t)B * T * C, nq = 3 * no, nl = (size_t)B * NH * T, nb = (size_t)3 * C;
+    AttSt s = {B, T, C, NH, falloc(nq), falloc(no), falloc(nb)};
     fill_normal(&r, s.qkv, nq, scale);
     fill_normal(&r, s.dout, no, 1.0f);
-    const size_t nout = no + nl + nq;
+    fill_normal(&r, s.dbias0, nb, 1.0f);
+    const size_t nout = no + nl + nq + nb;
     float* o = falloc(nout);
     att_run(be, &s, o);
     double* qkv = to_double(s.qkv, nq);
@@ -1188,11 +1192,26 @@ static void test_attention_case(Ctx* cx, int B, int T, int C, int NH, float scal
     double* dqkv = dalloc(nq);
     ref_attention(out, lse, qkv, B, T, C, NH);
     ref_attention_backward(dqkv, G, qkv, B, T, C, NH);
+    /* the qkv bias gradient: the initial value + the column sums of dqkv */
+    double* dbias = to_double(s.dbias0, nb);
+    for (size_t n = 0; n < (size_t)B * T; n++)
+        for (size_t j = 0; j < nb; j++) dbias[j] += dqkv[n * nb + j];
     double e1 = rel_err(o, out, no), e2 = rel_err(o + no, lse, nl), e3 = rel_err(o + no + nl, dqkv, nq);
-    printf("attention B=%d T=%d C=%d NH=%d qkv scale %g: out %.2e lse %.2e | dqkv %.2e\n", B, T, C, NH,
-           (double)scale, e1, e2, e3);
+    double e4 = rel_err(o + no + nl + nq, dbias, nb);
+    printf("attention B=%d T=%d C=%d NH=%d qkv scale %g: out %.2e lse %.2e | dqkv %.2e dbias %.2e\n", B, T, C,
+           NH, (double)scale, e1, e2, e3, e4);
     CHECK(e1 <= TOL_FWD && e2 <= TOL_FWD, "attention_forward error %.3e %.3e", e1, e2);
-    CHECK(e3 <= TOL_BWD, "attention_backward error %.3e", e3);
+    CHECK(e3 <= TOL_BWD && e4 <= TOL_BWD, "attention_backward error dqkv %.3e dbias %.3e", e3, e4);
+    {
+        /* the same bits as the qkv matmul_backward's dbias over this dqkv
+         * (where the model took it from before it moved here) */
+        float* db = falloc(nb);
+        memcpy(db, s.dbias0, sizeof(float) * nb);
+        be->matmul_backward(be, NULL, NULL, db, o + no + nl, NULL, NULL, NULL, B * T, C, (int)nb);
+        CHECK(memcmp(db, o + no + nl + nq, sizeof(float) * nb) == 0,
+              "attention_backward dbias differs in bits from matmul_backward's");
+        free(db);
+    }
     check_determinism(be, "attention", att_run, &s, nout);
     if (fd) {
         AttLoss L = {B, T, C, NH, qkv, G, dalloc(no)};
@@ -1206,12 +1225,14 @@ static void test_attention_case(Ctx* cx, int B, int T, int C, int NH, float scal
     }
     free(s.qkv);
     free(s.dout);
+    free(s.dbias0);
     free(o);
     free(qkv);
     free(G);
     free(out);
     free(lse);
     free(dqkv);
+    free(dbias);
 }
 
 /* ------------------------------------------------------------- classifier */

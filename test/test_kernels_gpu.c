@@ -647,14 +647,22 @@ static void t_attention(Ctx* cx, int B, int T, int C, int NH) {
     void* dg = up_x(cx, g, no);
     void* dref_out = up_x(cx, rout, no);
     float* dref_lse = up_raw(cx, rlse, nl * 4);
-    void* gq[2];
+    /* dbias (the qkv bias gradient) accumulates: the same random start on both */
+    float* db0 = rand_x(cx, (size_t)3 * C, 1.0f);
+    void *gq[2], *gb[2];
     for (int r = 0; r < 2; r++) {
         gq[r] = poisoned(cx, nq * xs(cx));
-        cx->g->attention_backward(cx->g, gq[r], dg, dqkv_in, dref_out, dref_lse, B, T, C, NH);
+        gb[r] = up_x(cx, db0, (size_t)3 * C);
+        cx->g->attention_backward(cx->g, gq[r], gb[r], dg, dqkv_in, dref_out, dref_lse, B, T, C, NH);
     }
     float* rq = falloc(nq);
     fill_normal(cx, rq, nq, 1.0f);
-    cx->c->attention_backward(cx->c, rq, g, qkv, rout, rlse, B, T, C, NH);
+    float* rb = copy_f(db0, (size_t)3 * C);
+    cx->c->attention_backward(cx->c, rq, rb, g, qkv, rout, rlse, B, T, C, NH);
+    got = get_x(cx, gb[0], (size_t)3 * C);
+    snprintf(name, sizeof name, "attention_backward dbias (accumulate) %s", shape);
+    compare(cx, name, got, rb, (size_t)3 * C);
+    free(got);
     got = get_x(cx, gq[0], nq);
     snprintf(name, sizeof name, "attention_backward dqkv %s", shape);
     compare(cx, name, got, rq, nq);
@@ -687,9 +695,12 @@ static void t_attention(Ctx* cx, int B, int T, int C, int NH) {
         snprintf(name, sizeof name, "attention_backward worst section (%s) %s", sn[wi], shape);
         report(cx, name, worst, cx->tol);
     }
-    check_same(cx, "attention_backward twice: dqkv", same_bits(cx, gq[0], gq[1], nq * xs(cx)));
+    check_same(cx, "attention_backward twice: dqkv, dbias",
+               same_bits(cx, gq[0], gq[1], nq * xs(cx)) && same_bits(cx, gb[0], gb[1], (size_t)3 * C * xs(cx)));
     free(got);
     free(rq);
+    free(rb);
+    free(db0);
     free(g);
     free(rout);
     free(rlse);
@@ -1113,9 +1124,8 @@ static void bench_op(Bench* b) {
     case B_MM_FC_F: g->matmul_forward(g, b->x2, b->x3, b->x1, b->w, b->bias, N, C, 4 * C); break;
     case B_MM_FCP_F: g->matmul_forward(g, b->x2, NULL, b->x1, b->w, b->bias, N, 4 * C, C); break;
     case B_MM_LM_F: g->matmul_forward(g, b->logits, NULL, b->x1, b->w, NULL, N, C, b->Vp); break;
-    case B_MM_QKV_B:
-        g->matmul_backward(g, b->x3, b->w2, b->bias2, b->x2, b->x1, b->w, NULL, N, C, 3 * C);
-        break;
+    /* the qkv bias gradient is attention_backward's (B_ATT_B), as in the trainer */
+    case B_MM_QKV_B: g->matmul_backward(g, b->x3, b->w2, NULL, b->x2, b->x1, b->w, NULL, N, C, 3 * C); break;
     case B_MM_ATT_B: g->matmul_backward(g, b->x3, b->w2, b->bias2, b->x2, b->x1, b->w, NULL, N, C, C); break;
     case B_MM_FC_B: g->matmul_backward(g, b->x3, b->w2, b->bias2, b->x2, b->x1, b->w, NULL, N, C, 4 * C); break;
     case B_MM_FCP_B:
@@ -1123,7 +1133,9 @@ static void bench_op(Bench* b) {
         break;
     case B_MM_LM_B: g->matmul_backward(g, b->x3, b->w2, NULL, b->logits, b->x1, b->w, NULL, N, C, b->Vp); break;
     case B_ATT_F: g->attention_forward(g, b->x2, b->lse, b->x1, b->B, b->T, C, b->NH); break;
-    case B_ATT_B: g->attention_backward(g, b->x3, b->x4, b->x1, b->x2, b->lse, b->B, b->T, C, b->NH); break;
+    case B_ATT_B:
+        g->attention_backward(g, b->x3, b->bias2, b->x4, b->x1, b->x2, b->lse, b->B, b->T, C, b->NH);
+        break;
     case B_CLS: g->fused_classifier(g, b->logits, b->losses, b->tok, 1.0f / N, N, b->V, b->Vp); break;
     case B_SUMSQ: (void)g->grad_sumsq(g, b->grads, &b->piece, 1); break;
     case B_ADAMW: g->adamw(g, b->params, b->grads, b->master, b->m, b->v, &b->piece, 1, &a); break;
@@ -1259,13 +1271,14 @@ static void run_bench(void) {
         {B_MM_FC_F, "matmul_forward fc 768->3072 +bias+gelu", 0, 2.0 * N * C * 4 * C, 12},
         {B_MM_FCP_F, "matmul_forward fcproj 3072->768 +bias", 0, 2.0 * N * C * 4 * C, 12},
         {B_MM_LM_F, "matmul_forward lm head 768->50304", 0, 2.0 * N * C * b.Vp, 1},
-        {B_MM_QKV_B, "matmul_backward qkv (+dbias)", 0, 4.0 * N * C * 3 * C, 12},
+        {B_MM_QKV_B, "matmul_backward qkv (no dbias)", 0, 4.0 * N * C * 3 * C, 12},
         {B_MM_ATT_B, "matmul_backward attproj (+dbias)", 0, 4.0 * N * C * C, 12},
         {B_MM_FC_B, "matmul_backward fc (+dbias)", 0, 4.0 * N * C * 4 * C, 12},
         {B_MM_FCP_B, "matmul_backward fcproj (+dbias, dgelu)", 0, 4.0 * N * C * 4 * C, 12},
         {B_MM_LM_B, "matmul_backward lm head", 0, 4.0 * N * C * b.Vp, 1},
         {B_ATT_F, "attention_forward (causal, hs 64)", 0, 4.0 * b.B * b.NH * (double)b.T * b.T * 64 / 2, 12},
-        {B_ATT_B, "attention_backward (causal, hs 64)", 0, 10.0 * b.B * b.NH * (double)b.T * b.T * 64 / 2, 12},
+        {B_ATT_B, "attention_backward (causal, hs 64, +dbias)", 0,
+         10.0 * b.B * b.NH * (double)b.T * b.T * 64 / 2, 12},
         {B_CLS, "fused_classifier (N x 50304)", N * (double)b.Vp * 2 * 2, 0, 1},
         {B_SUMSQ, "grad_sumsq (124M)", b.P * 2.0, 0, 1},
         {B_ADAMW, "adamw (124M, bf16 params)", b.P * 28.0, 0, 1},
@@ -1330,7 +1343,9 @@ static void bench_attention(Rng* r) {
         b2.x3 = g2->alloc(g2, nq * 2, MEM_ACTIVATIONS);
         b2.x4 = g2->alloc(g2, no * 2, MEM_ACTIVATIONS);
         b2.lse = g2->alloc(g2, N * b.NH * 4, MEM_ACTIVATIONS);
+        b2.bias2 = g2->alloc(g2, 3 * C * 2, MEM_GRADS); /* the qkv bias gradient, as in the trainer */
         bench_fill(g2, b2.x1, nq, 1.0f, r);
+        bench_fill(g2, b2.bias2, 3 * C, 0.1f, r);
         bench_fill(g2, b2.x4, no, 1.0f, r);
         b2.op = B_ATT_F; /* first: it writes the out and lse the backward reads */
         float f = bench_time(&b2, 20);

@@ -847,15 +847,29 @@ void cuda_attention_forward(Backend* be, void* out, float* lse, const void* qkv,
     LAUNCH_CHECK();
 }
 
-void cuda_attention_backward(Backend* be, void* dqkv, const void* dout, const void* qkv, const void* out,
-                             const float* lse, int B, int T, int C, int NH) {
+void cuda_attention_backward(Backend* be, void* dqkv, void* dbias, const void* dout, const void* qkv,
+                             const void* out, const float* lse, int B, int T, int C, int NH) {
     attn_check(T, C, NH, "attention_backward");
     if (B == 0 || T == 0) return;
     cudaStream_t st = cuda_ctx(be)->stream;
     int HS = C / NH;
     float scale = 1.0f / sqrtf((float)HS);
     size_t rows = (size_t)B * NH * T;
-    float* Dbuf = (float*)cuda_scratch(be, rows * sizeof(float));
+    const bool mma = use_mma(be, HS, dqkv, qkv, dout);
+    int nw1 = cuda_ctx(be)->attn_nw[1], nw2 = cuda_ctx(be)->attn_nw[2];
+    /* The qkv bias gradient: where both backward kernels are the wgmma ones,
+     * their epilogues leave per-block column sums of what they store in
+     * partial ([B * nblk][3C], every element written once), summed in a fixed
+     * order after them; elsewhere a column sum over dqkv after the kernels. */
+    const bool fused_bias = dbias != nullptr && mma && HS == 64 && nw1 == 0 && nw2 == 0;
+    const int nblk = (T + 127) / 128;
+    /* Dbuf and partial from one scratch call: a second call may reallocate
+     * and free the first one's buffer */
+    const size_t dbytes = (rows * sizeof(float) + 255) & ~(size_t)255;
+    const size_t pbytes = fused_bias ? (size_t)B * nblk * 3 * C * sizeof(float) : 0;
+    char* scratch = (char*)cuda_scratch(be, dbytes + pbytes);
+    float* Dbuf = (float*)scratch;
+    float* partial = fused_bias ? (float*)(scratch + dbytes) : nullptr;
     const bool vec = be->dtype == DTYPE_BF16 && aligned16(dout) && aligned16(out);
     if (vec && HS == 64)
         attn_bwd_pre_vec<8>
@@ -870,15 +884,14 @@ void cuda_attention_backward(Backend* be, void* dqkv, const void* dout, const vo
         attn_bwd_pre<float>
             <<<cdiv(rows, 8), 256, 0, st>>>(Dbuf, (const float*)dout, (const float*)out, B, T, NH, HS);
     LAUNCH_CHECK();
-    if (use_mma(be, HS, dqkv, qkv, dout)) {
-        int nw1 = cuda_ctx(be)->attn_nw[1], nw2 = cuda_ctx(be)->attn_nw[2];
+    if (mma) {
         const bf16* q = (const bf16*)qkv;
         const bf16* d = (const bf16*)dout;
         bf16* dq = (bf16*)dqkv;
         float sl2 = scale * LOG2E;
         if (HS == 64) {
             if (nw1 == 0 || nw2 == 0)
-                attn_sm90_backward(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale, nw1 == 0, nw2 == 0);
+                attn_sm90_backward(st, dq, partial, d, q, lse, Dbuf, B, T, NH, sl2, scale, nw1 == 0, nw2 == 0);
             if (nw1 == 8) attn_dkdv_launch<64, 8>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
             else if (nw1 == 4) attn_dkdv_launch<64, 4>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
             if (nw2 == 8) attn_dq_launch<64, 8>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
@@ -908,4 +921,9 @@ void cuda_attention_backward(Backend* be, void* dqkv, const void* dout, const vo
         }
         LAUNCH_CHECK();
     }
+    /* after the kernels on the same stream; cuda_bias_colsum_add's own
+     * scratch call may reuse Dbuf's memory (queued after the kernels that
+     * read it) or grow it (synchronising the stream first) */
+    if (fused_bias) cuda_bias_partials_add(be, dbias, partial, B * nblk, 3 * C);
+    else if (dbias) cuda_bias_colsum_add(be, dbias, dqkv, B * T, 3 * C);
 }

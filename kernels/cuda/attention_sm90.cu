@@ -26,6 +26,11 @@
  * of the other side, 64 rows each, double-buffered. Each warp holds 16 rows:
  * lane (g = lane/4, t = lane%4) holds rows g and g+8, columns 8j + 2t, +1.
  *
+ * Asked for the qkv bias gradient, the backward kernels also sum the
+ * columns of what they store (the bf16 values as written) over the block's
+ * rows, in a fixed order, into one row per block of a partial buffer that
+ * attention.cu then sums in a fixed order: dqkv is not read again for it.
+ *
  * These kernels exist only in the sm_90a machine code (wgmma is not in the
  * portable PTX); attention.cu calls them only on a compute capability 9.0
  * device, and elsewhere the mma.sync kernels run. */
@@ -205,6 +210,64 @@ __device__ __forceinline__ void mma_pb(float (&d)[32], const uint32_t (&a)[4][4]
     for (int kc = 0; kc < 4; kc++) mma_rs<1>(d, a[kc], db + kc * KSTEP_MN, 1);
 }
 
+/* ---- the qkv bias gradient's column sums (the backward's epilogues) ---- */
+/* cs[2j + e] += the two bf16 of v (as pack_bf16 made them), columns 8j + 2t
+ * + e of this thread's fragment: exactly the values stored */
+__device__ __forceinline__ void add_bf16x2(float (&cs)[16], int j, uint32_t v) {
+    cs[2 * j] += __uint_as_float(v << 16);
+    cs[2 * j + 1] += __uint_as_float(v & 0xFFFF0000u);
+}
+/* one step of block_colsum's halving: v[0, 2N) -> v[0, N), the lane with
+ * the mask's bit keeping the upper half (compile-time indices: registers) */
+template <int N, int V> __device__ __forceinline__ void halve(float (&v)[V], int lane, int mask) {
+    const bool up = (lane & mask) != 0;
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+        const float send = up ? v[i] : v[i + N];
+        const float keep = up ? v[i + N] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, mask);
+    }
+}
+/* The block's column sums of NQ outputs of 64 columns each (cs[q]: this
+ * thread's sum over its rows, as add_bf16x2 leaves it) into dst[q * qstride
+ * + column]: over the 8 lanes that hold a column (lane bits 4, 3, 2) by
+ * halving: at each step a lane keeps half of its values, sends the other
+ * half to its partner and adds what it gets (28 shuffles for 32 values
+ * instead of 96: this runs in every block's tail, where nothing hides it),
+ * leaving each lane the sums of NQ * 2 of the columns; then over the
+ * block's 8 warps in warp order through red (shared, NQ * 8 * 64 floats).
+ * A fixed order: the same bits every run. Every thread of the block calls
+ * it (a barrier inside). */
+template <int NQ>
+__device__ __forceinline__ void block_colsum(float (&cs)[NQ][16], float* red, float* dst, int qstride) {
+    constexpr int V = NQ * 16;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    float v[V];
+#pragma unroll
+    for (int q = 0; q < NQ; q++)
+#pragma unroll
+        for (int i = 0; i < 16; i++) v[q * 16 + i] = cs[q][i];
+    halve<V / 2>(v, lane, 16);
+    halve<V / 4>(v, lane, 8);
+    halve<V / 8>(v, lane, 4);
+    /* v[i] is now the sum of value base + i (q * 16 + 2j + e: column 8j +
+     * 2t + e of output q) over the 8 lanes */
+    const int base = ((lane >> 4) & 1) * (V / 2) + ((lane >> 3) & 1) * (V / 4) + ((lane >> 2) & 1) * (V / 8);
+#pragma unroll
+    for (int i = 0; i < V / 8; i++) {
+        const int o = base + i, q = o >> 4, r = o & 15;
+        red[(q * 8 + w) * 64 + 8 * (r >> 1) + 2 * (lane & 3) + (r & 1)] = v[i];
+    }
+    __syncthreads();
+    if (threadIdx.x < NQ * 64) {
+        const int q = threadIdx.x >> 6, col = threadIdx.x & 63;
+        float s = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 8; k++) s += red[(q * 8 + k) * 64 + col];
+        dst[q * qstride + col] = s;
+    }
+}
+
 } // namespace
 #endif
 
@@ -327,11 +390,14 @@ __global__ void __launch_bounds__(NT)
 
 /* ------------------------------------------------------------------------ */
 /* backward dK, dV: a block per (128 keys, b, h), walking query tiles from    */
-/* the diagonal to the end                                                    */
+/* the diagonal to the end. BIAS: also the column sums of the dK and dV it    */
+/* stores, into partial row b * gridDim.x + kb, columns C + h*64 .. and       */
+/* 2C + h*64 .. (BIAS false: no sums, no extra work)                         */
 /* ------------------------------------------------------------------------ */
+template <bool BIAS>
 __global__ void __launch_bounds__(NT, 1)
-    attn_bwd_dkdv_sm90(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* Dbuf,
-                       int T, int NH, float sl2, float scale) {
+    attn_bwd_dkdv_sm90(bf16* dqkv, float* partial, const bf16* dout, const bf16* qkv, const float* lse,
+                       const float* Dbuf, int T, int NH, float sl2, float scale) {
 #ifdef ATTN_SM90
     const uint32_t sK = smem_base(), sV = sK + 2 * TILE, sQ = sV + 2 * TILE, sO = sQ + 2 * TILE;
     extern __shared__ __align__(1024) unsigned char smraw[];
@@ -443,6 +509,11 @@ __global__ void __launch_bounds__(NT, 1)
         }
         __syncthreads();
     }
+    float cs[2][16]; /* BIAS: sums of this thread's stored rows of dK, dV */
+    if constexpr (BIAS) {
+#pragma unroll
+        for (int i = 0; i < 16; i++) cs[0][i] = cs[1][i] = 0.0f;
+    }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int key = krow + r * 8;
@@ -450,23 +521,37 @@ __global__ void __launch_bounds__(NT, 1)
             bf16* dst = dqkv + ((size_t)b * T + key) * C3 + h * HS + 2 * t4;
 #pragma unroll
             for (int j = 0; j < 8; j++) {
-                *reinterpret_cast<uint32_t*>(dst + C + j * 8) =
-                    pack_bf16(dk[4 * j + 2 * r] * scale, dk[4 * j + 2 * r + 1] * scale);
-                *reinterpret_cast<uint32_t*>(dst + 2 * C + j * 8) =
-                    pack_bf16(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+                const uint32_t k2 = pack_bf16(dk[4 * j + 2 * r] * scale, dk[4 * j + 2 * r + 1] * scale);
+                *reinterpret_cast<uint32_t*>(dst + C + j * 8) = k2;
+                const uint32_t v2 = pack_bf16(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+                *reinterpret_cast<uint32_t*>(dst + 2 * C + j * 8) = v2;
+                if constexpr (BIAS) {
+                    add_bf16x2(cs[0], j, k2);
+                    add_bf16x2(cs[1], j, v2);
+                }
             }
         }
+    }
+    if constexpr (BIAS) {
+        /* Rows >= T add nothing; a warpgroup with no key < T sums zeros, so
+         * every block writes all its 128 columns of partial. The tiles are
+         * free: the loop ran at least once (k0 < T) and its last barrier
+         * came after every wgmma, ldmatrix and cp.async on them completed. */
+        float* red = (float*)(smraw + (sK - smem_addr(smraw)));
+        block_colsum<2>(cs, red, partial + ((size_t)b * gridDim.x + kb) * C3 + C + h * HS, C);
     }
 #endif
 }
 
 /* ------------------------------------------------------------------------ */
 /* backward dQ: a block per (128 queries, b, h), walking key tiles 0 ..      */
-/* diagonal                                                                   */
+/* diagonal. BIAS: also the column sums of the dQ it stores, into partial     */
+/* row b * gridDim.x + qb, columns h*64 ..                                    */
 /* ------------------------------------------------------------------------ */
+template <bool BIAS>
 __global__ void __launch_bounds__(NT)
-    attn_bwd_dq_sm90(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* Dbuf, int T,
-                     int NH, float sl2, float scale) {
+    attn_bwd_dq_sm90(bf16* dqkv, float* partial, const bf16* dout, const bf16* qkv, const float* lse,
+                     const float* Dbuf, int T, int NH, float sl2, float scale) {
 #ifdef ATTN_SM90
     const uint32_t sQ = smem_base(), sO = sQ + 2 * TILE, sK = sO + 2 * TILE, sV = sK + 2 * TILE;
     const int qb = gridDim.x - 1 - blockIdx.x;
@@ -553,16 +638,30 @@ __global__ void __launch_bounds__(NT)
         }
         __syncthreads();
     }
+    float cs[1][16]; /* BIAS: sums of this thread's stored rows of dQ */
+    if constexpr (BIAS) {
+#pragma unroll
+        for (int i = 0; i < 16; i++) cs[0][i] = 0.0f;
+    }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int q = qrow + r * 8;
         if (q < T) {
             bf16* dst = dqkv + ((size_t)b * T + q) * C3 + h * HS + 2 * t4;
 #pragma unroll
-            for (int j = 0; j < 8; j++)
-                *reinterpret_cast<uint32_t*>(dst + j * 8) =
-                    pack_bf16(dq[4 * j + 2 * r] * scale, dq[4 * j + 2 * r + 1] * scale);
+            for (int j = 0; j < 8; j++) {
+                const uint32_t q2 = pack_bf16(dq[4 * j + 2 * r] * scale, dq[4 * j + 2 * r + 1] * scale);
+                *reinterpret_cast<uint32_t*>(dst + j * 8) = q2;
+                if constexpr (BIAS) add_bf16x2(cs[0], j, q2);
+            }
         }
+    }
+    if constexpr (BIAS) {
+        /* as in dK/dV: rows >= T add nothing, every block writes its 64
+         * columns, and the tiles are free after the loop (nkb >= 1) */
+        extern __shared__ __align__(1024) unsigned char smraw[];
+        float* red = (float*)(smraw + (sQ - smem_addr(smraw)));
+        block_colsum<1>(cs, red, partial + ((size_t)b * gridDim.x + qb) * C3 + h * HS, 0);
     }
 #endif
 }
@@ -590,10 +689,14 @@ bool attn_sm90_init(Backend* be) {
     if (!flag) return false;
     CUDA_CHECK(
         cudaFuncSetAttribute(attn_fwd_sm90, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SM90_SMEM_FWD));
-    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dkdv_sm90, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dkdv_sm90<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)SM90_SMEM_DKDV));
-    CUDA_CHECK(
-        cudaFuncSetAttribute(attn_bwd_dq_sm90, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SM90_SMEM_DQ));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dkdv_sm90<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)SM90_SMEM_DKDV));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dq_sm90<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)SM90_SMEM_DQ));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dq_sm90<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)SM90_SMEM_DQ));
     return true;
 }
 
@@ -604,15 +707,28 @@ void attn_sm90_forward(cudaStream_t st, bf16* out, float* lse, const bf16* qkv, 
     LAUNCH_CHECK();
 }
 
-void attn_sm90_backward(cudaStream_t st, bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
-                        const float* Dbuf, int B, int T, int NH, float sl2, float scale, bool dkdv, bool dq) {
+void attn_sm90_backward(cudaStream_t st, bf16* dqkv, float* partial, const bf16* dout, const bf16* qkv,
+                        const float* lse, const float* Dbuf, int B, int T, int NH, float sl2, float scale,
+                        bool dkdv, bool dq) {
+    /* partial's every element comes from one of the two kernels */
+    if (partial && !(dkdv && dq)) fatal("internal: attn_sm90_backward: column sums need both kernels");
     dim3 grid((T + 127) / 128, B * NH);
     if (dkdv) {
-        attn_bwd_dkdv_sm90<<<grid, NT, SM90_SMEM_DKDV, st>>>(dqkv, dout, qkv, lse, Dbuf, T, NH, sl2, scale);
+        if (partial)
+            attn_bwd_dkdv_sm90<true>
+                <<<grid, NT, SM90_SMEM_DKDV, st>>>(dqkv, partial, dout, qkv, lse, Dbuf, T, NH, sl2, scale);
+        else
+            attn_bwd_dkdv_sm90<false>
+                <<<grid, NT, SM90_SMEM_DKDV, st>>>(dqkv, nullptr, dout, qkv, lse, Dbuf, T, NH, sl2, scale);
         LAUNCH_CHECK();
     }
     if (dq) {
-        attn_bwd_dq_sm90<<<grid, NT, SM90_SMEM_DQ, st>>>(dqkv, dout, qkv, lse, Dbuf, T, NH, sl2, scale);
+        if (partial)
+            attn_bwd_dq_sm90<true>
+                <<<grid, NT, SM90_SMEM_DQ, st>>>(dqkv, partial, dout, qkv, lse, Dbuf, T, NH, sl2, scale);
+        else
+            attn_bwd_dq_sm90<false>
+                <<<grid, NT, SM90_SMEM_DQ, st>>>(dqkv, nullptr, dout, qkv, lse, Dbuf, T, NH, sl2, scale);
         LAUNCH_CHECK();
     }
 }
