@@ -59,11 +59,13 @@
 #include "comm_internal.h"
 
 #include <limits.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #ifdef USE_MPI
 #include <mpi.h>
@@ -95,7 +97,6 @@ typedef struct {
     void* nccl;    /* CommNccl* when kind == COMM_NCCL */
     CommScratch* pool;
     int npool, cap;
-    int aborting;
 } CommImpl;
 
 /* One MPI-backend collective or transfer in flight (CommHandle.impl). */
@@ -155,17 +156,59 @@ void comm_sleep_us(int us) {
 
 /* ------------------------------------------------------------------ abort */
 
-void comm_abort(Comm* c, const char* msg) {
+/* The process ends once. A failure may be found at the same time by the main
+ * thread and by the watchdog threads of the NCCL backend (one per NCCL
+ * communicator: the job's and each comm_split group's), each through its own
+ * Comm; C leaves calling exit() twice undefined, and two messages would blur
+ * which failure came first. So the claim to end the process is process-wide
+ * state, the one place here that needs it: the first thread to claim it ends
+ * the process; any other thread that fails afterwards parks for good (the
+ * first is ending the process under it). */
+static pthread_mutex_t comm_end_mu = PTHREAD_MUTEX_INITIALIZER;
+static int comm_end_claimed;
+static pthread_t comm_end_owner;
+
+/* 1: this thread now owns the end of the process; 0: it already did (an abort
+ * nested in an abort). Another thread owns it: never returns. */
+static int comm_end_claim(void) {
+    pthread_mutex_lock(&comm_end_mu);
+    int first = !comm_end_claimed, mine = 1;
+    if (first) {
+        comm_end_claimed = 1;
+        comm_end_owner = pthread_self();
+    } else {
+        mine = pthread_equal(comm_end_owner, pthread_self());
+    }
+    pthread_mutex_unlock(&comm_end_mu);
+    if (!mine)
+        for (;;) pause();
+    return first;
+}
+
+void comm_end_begin(Comm* c, const char* msg) {
+    (void)c;
+    if (comm_end_claim()) fprintf(stderr, "error: %s\n", msg);
+    fflush(stderr);
+    fflush(stdout);
+}
+
+void comm_end_finish(Comm* c, int off_main) {
     CommImpl* m = c ? comm_impl(c) : NULL;
-    if (!m || !m->aborting) fprintf(stderr, "error: %s\n", msg);
-    if (m) m->aborting = 1;
     fflush(stderr);
     fflush(stdout);
 #ifdef USE_MPI
     /* a group of one rank still ends the whole job */
     if (c && (m ? m->job_world : c->world) > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+#else
+    (void)m;
 #endif
+    if (off_main) _exit(1);
     exit(1);
+}
+
+void comm_abort(Comm* c, const char* msg) {
+    comm_end_begin(c, msg);
+    comm_end_finish(c, 0);
 }
 
 void comm_abortf(Comm* c, const char* fmt, ...) {
@@ -178,13 +221,15 @@ void comm_abortf(Comm* c, const char* fmt, ...) {
 }
 
 /* fatal() prints its line, then calls this: end the other ranks too. With
- * world 1 it returns and fatal() exits 1. */
+ * world 1 it returns and fatal() exits 1. Another thread already ending the
+ * process: parks (no second exit). */
 static void comm_fatal_hook(void* ctx) {
     Comm* c = (Comm*)ctx;
-    CommImpl* m = comm_impl(c);
-    if (m) m->aborting = 1;
+    comm_end_claim();
 #ifdef USE_MPI
     if (c->world > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+#else
+    (void)c;
 #endif
 }
 
@@ -870,6 +915,16 @@ void comm_wait(Comm* c, CommHandle* h) {
     h->active = 0;
     h->impl = NULL;
 }
+
+#ifdef USE_CUDA
+void comm_test_stall_next(Comm* c, double seconds) {
+    CommImpl* m = comm_impl(c);
+    if (c->kind != COMM_NCCL || !m || !m->nccl)
+        fatal("comm_test_stall_next: needs the NCCL backend (this communicator's is %s)",
+              comm_kind_name(c->kind));
+    comm_nccl_test_stall((CommNccl*)m->nccl, seconds);
+}
+#endif
 
 void comm_progress(Comm* c, CommHandle* h) {
     (void)c;

@@ -11,10 +11,10 @@
  *            ordered after the compute stream by an event.
  *
  * All collectives are in place on a buffer of `count` elements of dtype dt,
- * and asynchronous: they return a handle; comm_wait() completes it. A failed
- * collective, or one that does not complete within the timeout (a dead or
- * stalled peer), prints a clear message and ends every rank (ncclCommAbort,
- * MPI_Abort) instead of hanging.
+ * and asynchronous: they return a handle; comm_wait() completes it (on NCCL,
+ * on the device: see comm_wait). A failed collective, or one that does not
+ * complete within the timeout (a dead or stalled peer), prints a clear
+ * message and ends every rank (ncclCommAbort, MPI_Abort) instead of hanging.
  */
 #ifndef COMM_COMM_H
 #define COMM_COMM_H
@@ -71,9 +71,25 @@ void comm_reduce_scatter(Comm* c, void* buf, size_t count, DType dt, int average
 /* In-place all-gather: rank r contributes buf[r*count/world, ...); on
  * completion every rank holds every slice. count must divide by world. */
 void comm_allgather(Comm* c, void* buf, size_t count, DType dt, CommHandle* h);
-/* Blocks until h completes (fatal with a clear message after timeout_s). On
- * a device backend, after the wait the compute stream is ordered after the
- * collective (or transfer: comm_send/comm_recv). */
+/* Completes h (a collective, or a transfer: comm_send/comm_recv); h is
+ * inactive afterwards, and waiting on an inactive handle does nothing.
+ *  - single, mpi: blocks the host until the operation is done (fatal with a
+ *    clear message after timeout_s). On a device backend (mpi staging) the
+ *    compute stream is then also ordered after it.
+ *  - nccl: does not block the host. The compute stream waits for the
+ *    operation on the device and comm_wait returns at once: work queued on the
+ *    compute stream afterwards runs after the operation, so the buffer's
+ *    result is the compute stream's to read, and the host's once it has
+ *    synchronised with the compute stream (a cudaStreamSynchronize of it, a
+ *    be->to_host, be->synchronize). Nothing else is ordered: another stream, the
+ *    legacy default stream, or a host read without that synchronisation may
+ *    still see the buffer before the operation. Failures and timeouts are still
+ *    detected, by a watchdog thread, wherever the host is meanwhile (even
+ *    blocked in a CUDA call), and end every rank with the same messages: "nccl
+ *    <operation> failed: ..." or "nccl <operation> did not complete within N s:
+ *    a peer rank died or stalled". The timeout counts from the moment the GPU
+ *    reaches the operation (it then only waits for its peers), not from
+ *    comm_wait, since the host may run far ahead of the GPU. */
 void comm_wait(Comm* c, CommHandle* h);
 
 /* Lets an in-flight collective make progress without waiting for it (MPI
@@ -136,8 +152,10 @@ int comm_split(Comm* parent, int color, int key, Comm* out);
  * peer is a rank within c; tag (>= 0) is the caller's label of the message
  * (say chunk, micro-batch and direction; the MPI backend compares it modulo
  * MPI_TAG_UB + 1, at least 32768). Both return at once with h active;
- * comm_wait(c, h) completes the transfer (fatal after timeout_s, naming the
- * operation and the peer, ending every rank), comm_progress(c, h) moves it on.
+ * comm_wait(c, h) completes the transfer (on NCCL on the device, as for
+ * collectives), comm_progress(c, h) moves it on; one that does not complete
+ * within timeout_s ends every rank with a message naming the operation and the
+ * peer.
  * Any number of sends and receives may be in flight on c at once, to and from
  * both neighbours, waited in any order.
  *
@@ -161,8 +179,11 @@ int comm_split(Comm* parent, int color, int key, Comm* out);
  *    device pointer: the send reads it after the work the compute stream had
  *    queued when comm_send was called; the receive writes it after the work
  *    the compute stream had queued when comm_recv was called; after comm_wait
- *    the compute stream is ordered after the transfer (so work queued then may
- *    read the received data or overwrite the sent buffer).
+ *    the compute stream is ordered after the transfer (so work queued on it
+ *    then may read the received data or overwrite the sent buffer); on NCCL
+ *    only the compute stream is (see comm_wait), so the buffer is the
+ *    transfer's, for any other stream or the host, until they synchronise with
+ *    the compute stream.
  *  - count 0 completes at once (both sides must still post it).
  *  - World 1 (one pipeline stage): comm_send/comm_recv end the job with a
  *    message: a rank has no peer but itself, and a pipeline of one stage never
@@ -177,9 +198,10 @@ int comm_split(Comm* parent, int color, int key, Comm* out);
  * neighbour (so that the directions never queue behind each other), ncclSend
  * and ncclRecv ordered after the compute stream by an event; the tag and the
  * count are not checked. NCCL kernels wait on the GPU for their peer: a
- * device-synchronising CUDA call (cudaMalloc, cudaFree, cudaDeviceSynchronize)
- * while a transfer is in flight can wait for a peer that waits for this rank;
- * allocate before the transfers start. Collectives of other communicators
+ * device-synchronising CUDA call (cudaMalloc, cudaFree, cudaDeviceSynchronize),
+ * or a synchronisation with the compute stream after a comm_wait (which
+ * leaves the wait to the GPU), while a transfer is in flight can wait for a
+ * peer that waits for this rank; allocate before the transfers start. Collectives of other communicators
  * (the data-parallel group's) may be in flight at the same time, on the comm
  * stream: this relies on the GPU running the kernels of different NCCL
  * communicators side by side (each takes a few multiprocessors). */

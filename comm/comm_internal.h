@@ -1,7 +1,7 @@
 /* comm/comm_internal.h — private to comm/: what comm.c (host side: bootstrap,
  * single and MPI backends) and comm_nccl.c (CUDA side: the NCCL backend and
- * the pinned-memory staging helpers of the MPI backend) share. Nothing
- * outside comm/ includes it. */
+ * the pinned-memory staging helpers of the MPI backend) share. Outside comm/
+ * only test/test_comm.c includes it, for comm_test_stall_next. */
 #ifndef COMM_COMM_INTERNAL_H
 #define COMM_COMM_INTERNAL_H
 
@@ -27,6 +27,18 @@ void comm_p2p_describe(Comm* c, char* out, size_t outsz, CommOp op, size_t count
 void comm_allgather_host(Comm* c, const void* mine, void* all, size_t bytes);
 /* Like comm_abort, with a printf-style message. */
 NORETURN void comm_abortf(Comm* c, const char* fmt, ...) PRINTF_LIKE(2, 3);
+/* comm_abort in two halves, so that the NCCL backend can abort its
+ * communicators after the message is out and before the ranks end:
+ * comm_end_begin claims the end of the process and prints msg. The claim is
+ * process-wide, over every communicator and thread: the first claim prints; a
+ * nested one (the same thread) prints nothing; a claim from any other thread
+ * never returns (parks: the first thread is ending the process).
+ * comm_end_finish: MPI_Abort of the job when it has more than one rank, then
+ * exit(1), or _exit(1) when off_main (a watchdog thread: exit() would run the
+ * atexit handlers, the CUDA runtime's teardown among them, under a main
+ * thread that may be inside a CUDA call). */
+void comm_end_begin(Comm* c, const char* msg);
+NORETURN void comm_end_finish(Comm* c, int off_main);
 /* Sleep for about us microseconds (the poll interval of every bounded wait). */
 void comm_sleep_us(int us);
 
@@ -35,29 +47,47 @@ void comm_sleep_us(int us);
 typedef struct CommNccl CommNccl;
 /* Rank 0 makes the unique id, comm_broadcast_host shares it, every rank joins
  * a non-blocking NCCL communicator on the current device (the CUDA backend
- * has already selected it). Bounded by c->timeout_s. */
+ * has already selected it). Bounded by c->timeout_s. Starts n's watchdog
+ * thread, which ends the job (message, ncclCommAbort, MPI_Abort) when an
+ * operation of n fails, or has not completed within c->timeout_s of the GPU
+ * reaching it. c is copied: c->timeout_s and c->impl must not change while n
+ * lives. */
 CommNccl* comm_nccl_create(Comm* c);
-/* Enqueue op on be->comm_stream, after the work already on be->compute_stream. */
+/* Enqueue op on be->comm_stream, after the work already on be->compute_stream,
+ * and hand it to the watchdog. */
 void comm_nccl_start(Comm* c, CommNccl* n, CommOp op, void* buf, size_t count, DType dt, int average,
                      CommHandle* h);
-/* Poll the handle's completion event and NCCL's async error until done or
- * c->timeout_s; then the compute stream waits on the collective (or transfer). */
+/* The compute stream waits on the collective (or transfer) on the device;
+ * returns at once, the host never waits here. Failures and timeouts are the
+ * watchdog's. */
 void comm_nccl_wait(Comm* c, CommNccl* n, CommHandle* h);
 /* ncclCommAbort of every NCCL communicator of n (used before ending the
- * ranks after a failure). */
+ * ranks after a failure); once (later calls do nothing). */
 void comm_nccl_abort(CommNccl* n);
-/* ncclCommFinalize + ncclCommDestroy of every NCCL communicator of n, and its
- * streams; frees n. */
+/* Stops and joins the watchdog, waits on the host (bounded by c->timeout_s)
+ * for every operation still in flight, then ncclCommFinalize +
+ * ncclCommDestroy of every NCCL communicator of n, its streams and events;
+ * frees n. Handles not waited for are void afterwards. */
 void comm_nccl_destroy(Comm* c, CommNccl* n);
+/* Testing (comm_test_stall_next): see there. */
+void comm_nccl_test_stall(CommNccl* n, double seconds);
 /* Collective over c (world >= 2): the point-to-point channels of n, one per
  * direction and ring neighbour, each a 2-rank NCCL communicator (sender rank
  * 0, receiver rank 1) with a stream of its own. */
 void comm_nccl_p2p_setup(Comm* c, CommNccl* n);
 /* ncclSend (op COMM_OP_SEND) or ncclRecv on the channel to / from peer, on the
- * channel's stream after the compute stream's work so far; comm_nccl_wait
- * completes h. count > 0; peer is a neighbour (checked by the caller). */
+ * channel's stream after the compute stream's work so far, handed to the
+ * watchdog; comm_nccl_wait orders the compute stream after it. count > 0; peer
+ * is a neighbour (checked by the caller). */
 void comm_nccl_p2p_start(Comm* c, CommNccl* n, CommOp op, void* buf, size_t count, DType dt, int peer, int tag,
                          CommHandle* h);
+
+/* Testing only (test/test_comm.c, the watchdog's test): the next operation
+ * started on c, which must use the NCCL backend, gets a host function that
+ * sleeps `seconds` queued on its stream between its 'started' event and the
+ * NCCL call. The GPU then has reached the operation, which does not complete,
+ * as when a peer stalls, however many ranks there are. */
+void comm_test_stall_next(Comm* c, double seconds);
 
 /* ---- CUDA helpers of the MPI backend's staging path (comm_nccl.c) ---- */
 int comm_cuda_device_count(void); /* 0 when none or on error */

@@ -18,11 +18,15 @@
  * streams, device local_rank % GPUs). On the device, each test uploads its
  * host data on the compute stream, runs the collective, and downloads the
  * result on the compute stream after comm_wait, so it also checks the stream
- * ordering of the NCCL and staged-MPI paths.
+ * ordering of the NCCL and staged-MPI paths. With NCCL it also checks that
+ * comm_wait does not block the host (the wait is on the device), and
+ * --fault device_stall provides the case of the NCCL watchdog: an operation
+ * the GPU has reached that never completes, while the host blocks in
+ * cudaStreamSynchronize.
  *
  *   test_comm [--device cpu|cuda] [--comm auto|mpi|nccl|...] [--timeout S]
  *             [--case bad_count|p2p_world1|p2p_nosetup|p2p_notneighbour|p2p_order|p2p_count]
- *             [--fault sleep|fatal|kill|nosend|group_sleep] [--fault_rank R]
+ *             [--fault sleep|fatal|kill|nosend|group_sleep|device_stall] [--fault_rank R]
  */
 #include "../comm/comm.h"
 #include "test.h"
@@ -35,6 +39,10 @@
 
 #ifdef USE_CUDA
 #include <cuda_runtime.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "../comm/comm_internal.h" /* comm_test_stall_next */
 #endif
 
 /* ------------------------------------------------------------ fake backend */
@@ -708,6 +716,88 @@ static void test_p2p_pipeline(T* t, int M) {
     free(hsgrad);
 }
 
+/* ------------------------------------------------- NCCL: waits on the device */
+
+#ifdef USE_CUDA
+/* A host function that holds the stream it is queued on for (uintptr_t)arg
+ * milliseconds. */
+static void CUDART_CB hold_stream(void* arg) {
+    double end = wall_time_s() + 1e-3 * (double)(uintptr_t)arg;
+    while (wall_time_s() < end) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* NCCL's comm_wait orders the compute stream after the operation and returns:
+ * the host does not wait. The compute stream is held HOLD_MS by a host
+ * function; an all-reduce (and, at world >= 2, a receive from the left
+ * neighbour and a send to the right one) started and waited for behind it
+ * must give the host back at once, the compute stream must still be busy
+ * then, and after cudaStreamSynchronize the results must be right. */
+#define HOLD_MS 300
+static void test_nccl_nonblocking(T* t) {
+    cudaStream_t s = (cudaStream_t)t->be->compute_stream;
+    size_t n = 4099;
+    size_t bytes = n * sizeof(float);
+    int p2p = t->W >= 2, right = (t->R + 1) % t->W, left = (t->R - 1 + t->W) % t->W;
+    float* x = (float*)xmalloc(bytes);
+    float* y = (float*)xmalloc(bytes);
+    float* z = (float*)xmalloc(bytes);
+    for (size_t i = 0; i < n; i++) {
+        x[i] = fval(i, VR(t, t->R));
+        y[i] = fval(i + 3, VR(t, t->R));
+        z[i] = NAN;
+    }
+    /* uploads first: a copy from pageable memory may wait for the stream */
+    void* dx = up(t, x, bytes);
+    void* dy = p2p ? up(t, y, bytes) : NULL;
+    void* dz = p2p ? up(t, z, bytes) : NULL;
+    cu_ok(cudaLaunchHostFunc(s, hold_stream, (void*)(uintptr_t)HOLD_MS), "cudaLaunchHostFunc");
+    CommHandle h = {0, NULL}, hs = {0, NULL}, hr = {0, NULL};
+    double t0 = wall_time_s();
+    comm_allreduce(t->c, dx, n, DTYPE_FP32, 0, &h);
+    if (p2p) {
+        comm_recv(t->c, dz, n, DTYPE_FP32, left, 7, &hr);
+        comm_send(t->c, dy, n, DTYPE_FP32, right, 7, &hs);
+    }
+    comm_wait(t->c, &h);
+    comm_wait(t->c, &hr);
+    comm_wait(t->c, &hs);
+    double host_ms = 1000.0 * (wall_time_s() - t0);
+    cudaError_t busy = cudaStreamQuery(s);
+    cudaGetLastError(); /* (cudaErrorNotReady is the expected answer, not an error) */
+    down(t, x, dx, bytes);
+    if (p2p) {
+        down(t, z, dz, bytes);
+        down(t, y, dy, bytes);
+    }
+    double total_ms = 1000.0 * (wall_time_s() - t0);
+    CHECK(busy == cudaErrorNotReady,
+          "rank %d: the compute stream was idle right after the waits (%s): the timing says nothing", t->R,
+          cudaGetErrorString(busy));
+    CHECK(
+        host_ms < HOLD_MS / 3.0,
+        "rank %d: starting and waiting for %s took %.1f ms on the host while the compute stream was held %d ms: "
+        "comm_wait blocked the host",
+        t->R, p2p ? "an all-reduce, a send and a receive" : "an all-reduce", host_ms, HOLD_MS);
+    CHECK(total_ms >= HOLD_MS * 0.9, "rank %d: the synchronisation took %.1f ms, less than the %d ms hold",
+          t->R, total_ms, HOLD_MS);
+    Diff d = {0, 0, 0};
+    for (size_t i = 0; i < n; i++) diff_add(&d, i, x[i], fsum(t, i));
+    if (p2p)
+        for (size_t i = 0; i < n; i++) diff_add(&d, n + i, z[i], fval(i + 3, VR(t, left)));
+    if (t->R == 0 && !t->quiet)
+        printf("  nccl waits on the device: the host had %s back after %.2f ms, the stream was held %d ms "
+               "(synchronised after %.1f ms)\n",
+               p2p ? "an all-reduce, a send and a receive" : "an all-reduce", host_ms, HOLD_MS, total_ms);
+    check_diff(t, p2p ? "nccl behind a held stream (+p2p)" : "nccl behind a held stream", d, p2p ? 2 * n : n);
+    free(x);
+    free(y);
+    free(z);
+}
+#endif
+
 /* ------------------------------------------------------- sub-communicators */
 
 /* The color and key of rank r of W under a split rule. The trainer's layout
@@ -882,6 +972,12 @@ static void test_split(T* t, int rule, int k, const char* name) {
 /* One good collective, then rank fault_rank misbehaves while the others start
  * the next one: every rank must end (the script checks how and how fast).
  *   sleep, fatal, kill: before a world all-reduce.
+ *   device_stall (NCCL): fault_rank's next all-reduce has its stream held for
+ *     8 x the timeout between its 'started' event and the NCCL call
+ *     (comm_test_stall_next): the GPU has reached the operation, which does not
+ *     complete, as when a peer stalls, and at world 1 too. Every rank's
+ *     comm_wait returns at once; the host then blocks in cudaStreamSynchronize,
+ *     and only the watchdog can end the job, well before the hold ends.
  *   nosend: every rank posts a receive from its left neighbour and sends to its
  *     right one, except fault_rank, which stalls instead of sending; the
  *     others, their message received, sleep without calling MPI, so that the
@@ -917,6 +1013,30 @@ static int run_fault(T* t, const char* fault, int fault_rank) {
         comm_wait(t->c, &hs);
         for (;;) sleep(1);
     }
+    if (strcmp(fault, "device_stall") == 0) {
+#ifdef USE_CUDA
+        if (!t->dev || t->c->kind != COMM_NCCL) fatal("--fault device_stall needs --device cuda --comm nccl");
+        size_t n = 1000;
+        float* y = (float*)xcalloc(n, sizeof(float));
+        void* dy = up(t, y, n * sizeof(float));
+        if (t->R == fault_rank) {
+            double hold = 8.0 * t->c->timeout_s;
+            fprintf(stderr,
+                    "rank %d: holding the comm stream %g s between the all-reduce's start and its NCCL call\n",
+                    t->R, hold);
+            comm_test_stall_next(t->c, hold);
+        }
+        comm_allreduce(t->c, dy, n, DTYPE_FP32, 0, &h);
+        comm_wait(t->c, &h);
+        fprintf(stderr, "rank %d: comm_wait returned; blocking in cudaStreamSynchronize\n", t->R);
+        down(t, y, dy, n * sizeof(float));
+        printf("rank %d: the stalled collective completed (should not happen)\n", t->R);
+        free(y);
+        return 2;
+#else
+        fatal("--fault device_stall needs a build with CUDA");
+#endif
+    }
     if (strcmp(fault, "group_sleep") == 0) {
         Comm sub;
         comm_split(t->c, t->R % 2, t->R, &sub);
@@ -950,7 +1070,9 @@ static int run_fault(T* t, const char* fault, int fault_rank) {
             fprintf(stderr, "rank %d: killing itself with SIGKILL\n", t->R);
             raise(SIGKILL);
         } else {
-            fatal("--fault: unknown value '%s' (expected sleep, fatal, kill, nosend or group_sleep)", fault);
+            fatal(
+                "--fault: unknown value '%s' (expected sleep, fatal, kill, nosend, group_sleep or device_stall)",
+                fault);
         }
     }
     size_t n = 1000;
@@ -1104,6 +1226,9 @@ int main(int argc, char** argv) {
         test_p2p_ring(&t);
         test_p2p_pipeline(&t, 8);
     }
+#ifdef USE_CUDA
+    if (dev && comm.kind == COMM_NCCL) test_nccl_nonblocking(&t);
+#endif
     test_split(&t, SPLIT_BLOCKS, 2, "blocks of 2");
     test_split(&t, SPLIT_STRIDE_REVERSED, 2, "stride 2, keys reversed");
     test_split(&t, SPLIT_BLOCKS, 3, "blocks of 3");

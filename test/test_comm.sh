@@ -7,10 +7,12 @@
 #   bash test/test_comm.sh [path/to/test_comm] [--gpu]   (default: build/test_comm)
 #
 # With --gpu (a binary built with CUDA, on a machine with a GPU) it also runs
-# the device cases: NCCL, the MPI backend staging device buffers through
-# pinned memory (several ranks on one GPU), and the GPU-sharing error; with
-# 2+ GPUs also NCCL's sub-communicators and point-to-point channels, and their
-# faults.
+# the device cases: NCCL (whose comm_wait must not block the host) and its
+# watchdog (an operation the GPU has reached that never completes ends the
+# job after the timeout, while the host blocks in cudaStreamSynchronize), the
+# MPI backend staging device buffers through pinned memory (several ranks on
+# one GPU), and the GPU-sharing error; with 2+ GPUs also NCCL's
+# sub-communicators and point-to-point channels, and their faults.
 #
 # Prints one line per case and ends with "test_comm: N passed, N failed".
 set -u
@@ -142,6 +144,21 @@ expect_fail "np=3 rank 2 stalls in its group, --timeout 3" 15000 \
 if [ "$GPU" -eq 1 ]; then
     NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
     expect_pass "cuda np=1 --comm nccl" $MPIRUN -np 1 "$BIN" --device cuda --comm nccl
+    # the watchdog: the all-reduce's stream is held 16 s (8 x the timeout) after
+    # its 'started' event; comm_wait returns, the host blocks in
+    # cudaStreamSynchronize, and the watchdog must end the run after the 2 s
+    # timeout (plus at most 2 s for ncclCommAbort, and mpirun's own wind-down),
+    # long before the hold ends
+    name="cuda np=1 nccl, stream held after the GPU reached the all-reduce, --timeout 2"
+    expect_fail "$name" 10000 \
+        "nccl all-reduce of 1000 elements did not complete within 2 s: a peer rank died or stalled" \
+        $MPIRUN -np 1 "$BIN" --device cuda --comm nccl --fault device_stall --timeout 2
+    if [ "$RC" -ne 0 ] && [ "$MS" -lt 2000 ]; then
+        bad "$name: ended after ${MS} ms, before the 2 s timeout could fire" "$LOG/$name"
+    fi
+    if [ "$RC" -ne 0 ] && ! grep -q "comm_wait returned; blocking in cudaStreamSynchronize" "$LOG/$name"; then
+        bad "$name: the host never got past comm_wait (it must not block there)" "$LOG/$name"
+    fi
     expect_pass "cuda np=1 --comm auto (single)" $MPIRUN -np 1 "$BIN" --device cuda
     expect_pass "cuda np=3 --comm mpi (staged, ranks share GPUs)" $MPIRUN -np 3 "$BIN" --device cuda --comm mpi
     expect_pass "cuda np=2 --comm auto" $MPIRUN -np 2 "$BIN" --device cuda
@@ -152,6 +169,11 @@ if [ "$GPU" -eq 1 ]; then
         expect_fail "cuda np=2 nccl, rank 1 never sends, --timeout 3" 20000 \
             "nccl receive of 1000 elements from rank 1 of 2 (global rank 1), tag 0 did not complete within 3 s" \
             $MPIRUN -np 2 "$BIN" --device cuda --comm nccl --fault nosend --fault_rank 1 --timeout 3
+        # rank 1's stream held 24 s after the GPU reached the all-reduce: both
+        # ranks' watchdogs see it started and not completing
+        expect_fail "cuda np=2 nccl, rank 1's stream held in an all-reduce, --timeout 3" 14000 \
+            "all-reduce of 1000 elements did not complete within 3 s: a peer rank died or stalled" \
+            $MPIRUN -np 2 "$BIN" --device cuda --comm nccl --fault device_stall --fault_rank 1 --timeout 3
     fi
     if [ "$NGPU" -ge 3 ]; then
         expect_pass "cuda np=3 --comm nccl" $MPIRUN -np 3 "$BIN" --device cuda --comm nccl
