@@ -240,6 +240,7 @@ template <int N, int V> __device__ __forceinline__ void halve(float (&v)[V], int
  * it (a barrier inside). */
 template <int NQ>
 __device__ __forceinline__ void block_colsum(float (&cs)[NQ][16], float* red, float* dst, int qstride) {
+    static_assert(NT == 256, "block_colsum adds the 8 warps of a two-warpgroup block");
     constexpr int V = NQ * 16;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     float v[V];

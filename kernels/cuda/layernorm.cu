@@ -170,9 +170,9 @@ __global__ void __launch_bounds__(LN_BWD_WARPS * 32)
     }
     const int stride = gridDim.x * LN_BWD_WARPS;
     int row = blockIdx.x * LN_BWD_WARPS + warp;
-    /* a row's every input (dout, inp, the dinp it adds to, mean, rstd) is
-     * loaded while the warp works on the row before, so that a row waits on
-     * no load of its own */
+    /* all of a row's inputs (dout, inp, the dinp it adds to, mean, rstd) are
+     * requested together, at the end of the row before, so that their
+     * latencies overlap (dinp was loaded only once the row had begun) */
     float g[NCH][V], x[NCH][V], d[NCH][V];
     float mu = 0.0f, rs = 0.0f;
     if (row < N) {

@@ -19,16 +19,19 @@
  *
  * Which algorithm. The heuristic's first candidate defines the bits of the
  * result; it is often not the fastest of the candidates the heuristic offers
- * (on the H200: the lm head's forward 6.9 ms against 5.8 for another tile
- * shape). So on its first call a configuration runs every candidate on the
- * call's own operands, keeps those whose output has exactly the first
- * candidate's bits (the same arithmetic: each output's k-sum in the same
- * order, a different tile shape or schedule; a split-k or another reduction
- * order gives other bits and is dropped), and of those keeps the fastest
- * (least of three timed runs). Timing noise may change which algorithm runs,
- * never the results: reruns and ranks stay bit-identical to the heuristic's
- * first choice. GPT2_CUDA_GEMM_TUNE=0 keeps the first candidate without
- * trying the others; =2 also prints each choice.
+ * (on the H200: the lm head's forward 7.16 ms against 6.41 for another tile
+ * shape). A candidate may replace it only if it does the same arithmetic:
+ * each output's k-sum in the same order, differing in tile shape or
+ * schedule. Two tests, both required: its configuration has the first
+ * candidate's algorithm id (kernel family), split-k count and reduction
+ * scheme (the structure of the k-sum), and on the configuration's first call
+ * its output (and written aux matrix) has exactly the first candidate's bits
+ * on the call's own operands (a bf16 output can hide a different fp32 order
+ * in a small matrix, so the bits alone do not decide). Of those, the fastest
+ * (least of three timed runs) is kept. Timing noise may change which
+ * algorithm runs, never the results: reruns and ranks stay bit-identical to
+ * the heuristic's first choice. GPT2_CUDA_GEMM_TUNE=0 keeps the first
+ * candidate without trying the others; =2 also prints each choice.
  * Where cuBLASLt offers no algorithm for a fused epilogue (e.g. aux ld not a
  * multiple of 8) the unfused path is taken: plain matmul + our GELU kernels. */
 #include "common.cuh"
@@ -149,6 +152,22 @@ static bool lt_overlap(const void* p, size_t pb, const void* q, size_t qb) {
     return q && a < b + qb && b < a + pb;
 }
 
+/* The configuration attributes that fix the order of each output's k-sum:
+ * the algorithm id (kernel family), the split-k count, the reduction scheme. */
+static void lt_sum_structure(const cublasLtMatmulAlgo_t* a, int out[3]) {
+    int32_t id = 0;
+    uint32_t splitk = 0, red = 0;
+    size_t w = 0;
+    CUBLAS_CHECK(cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &w));
+    CUBLAS_CHECK(
+        cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof splitk, &w));
+    CUBLAS_CHECK(
+        cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &red, sizeof red, &w));
+    out[0] = (int)id;
+    out[1] = (int)splitk;
+    out[2] = (int)red;
+}
+
 static cublasStatus_t lt_run(Backend* be, LtPlan* p, const cublasLtMatmulAlgo_t* algo, void* D, const void* A,
                              const void* Bm, float beta) {
     CudaCtx* c = cuda_ctx(be);
@@ -179,14 +198,34 @@ static void lt_choose(Backend* be, LtPlan* p, const LtCall* k) {
          (lt_overlap(k->aux, k->aux_bytes, k->A, a_bytes) || lt_overlap(k->aux, k->aux_bytes, k->B, b_bytes))))
         return;
 
+    /* only candidates with the first one's k-sum structure are tried */
+    int s0[3], same_structure[LT_CANDIDATES];
+    lt_sum_structure(&p->cand[0], s0);
+    int ntry = 0;
+    for (int i = 0; i < nc; i++) {
+        int si[3];
+        lt_sum_structure(&p->cand[i], si);
+        same_structure[i] = memcmp(si, s0, sizeof si) == 0;
+        ntry += same_structure[i];
+    }
+    if (ntry < 2) return;
+
+    /* the tuning's memory is stream-ordered and short-lived; where there is
+     * none to spare, the first candidate stays */
     const bool copy = k->beta != 0.0f;
     unsigned long long* hash = NULL;
     void* Dt = NULL;
-    CUDA_CHECK(cudaMallocAsync((void**)&hash, (size_t)nc * 4 * sizeof(unsigned long long), st));
+    if (cudaMallocAsync((void**)&hash, (size_t)nc * 4 * sizeof(unsigned long long), st) != cudaSuccess ||
+        (copy && cudaMallocAsync(&Dt, k->d_bytes + 256, st) != cudaSuccess)) {
+        cudaGetLastError(); /* the failed allocation's error, not sticky */
+        if (hash) CUDA_CHECK(cudaFreeAsync(hash, st));
+        return;
+    }
     CUDA_CHECK(cudaMemsetAsync(hash, 0, (size_t)nc * 4 * sizeof(unsigned long long), st));
-    if (copy) CUDA_CHECK(cudaMallocAsync(&Dt, k->d_bytes + 256, st));
-    /* the copy keeps D's alignment within 256 bytes, which the plan's key holds */
+    /* the copy keeps D's alignment within 256 bytes (the plan's key holds
+     * alignments up to 256; cudaMallocAsync's are at least that) */
     void* Drun = copy ? (void*)((char*)Dt + ((uintptr_t)k->D & 255)) : k->D;
+    if (ptr_align(Drun) < p->key.alignD) fatal("internal: lt_choose's copy of D is less aligned than D");
     cudaEvent_t t0, t1;
     CUDA_CHECK(cudaEventCreate(&t0));
     CUDA_CHECK(cudaEventCreate(&t1));
@@ -195,6 +234,7 @@ static void lt_choose(Backend* be, LtPlan* p, const LtCall* k) {
     for (int i = 0; i < nc; i++) {
         best_ms[i] = 1e30f;
         ran[i] = 0;
+        if (!same_structure[i]) continue;
         /* one run for the bits, then three timed */
         for (int r = 0; r < 4; r++) {
             if (copy) CUDA_CHECK(cudaMemcpyAsync(Drun, k->D, k->d_bytes, cudaMemcpyDeviceToDevice, st));
@@ -226,7 +266,6 @@ static void lt_choose(Backend* be, LtPlan* p, const LtCall* k) {
     CUDA_CHECK(cudaFreeAsync(hash, st));
     CUDA_CHECK(cudaEventDestroy(t0));
     CUDA_CHECK(cudaEventDestroy(t1));
-    cudaGetLastError(); /* a candidate refused at run time leaves no sticky error */
 
     int pick = 0, same = 1;
     for (int i = 1; i < nc; i++) {
@@ -238,9 +277,9 @@ static void lt_choose(Backend* be, LtPlan* p, const LtCall* k) {
     if (c->gemm_tune == 2)
         fprintf(stderr,
                 "gemm m=%d n=%d k=%d trans=%d%d epilogue=%d beta=%g: candidate %d of %d (%d with the first's "
-                "bits): %.4f ms, the first %.4f ms\n",
+                "k-sum structure, %d of those with its bits): %.4f ms, the first %.4f ms\n",
                 p->key.m, p->key.n, p->key.k, p->key.transa, p->key.transb, p->key.epilogue, (double)k->beta,
-                pick, nc, same, (double)best_ms[pick], (double)best_ms[0]);
+                pick, nc, ntry, same, (double)best_ms[pick], (double)best_ms[0]);
 }
 
 /* D[m,n] (col-major, ld ldd) = op(A) op(B) (+ beta D), with an epilogue.
