@@ -426,11 +426,12 @@ static void stop_on_bad_steps(Trainer* t, int step) {
 static void stop_on_signal(Trainer* t, int sig) {
     char saved[4200];
     snprintf(saved, sizeof saved, "%s/ckpt_%08d", t->a.output_dir, t->prog.step);
-    if (t->a.checkpoint_on_signal && t->ck.last_step != t->prog.step) {
-        pipeline_wait_gathers(&t->pp);
-        ckpt_save(&t->ck, &t->prog);
-    }
+    pipeline_wait_gathers(&t->pp);
+    if (t->a.checkpoint_on_signal && t->ck.last_step != t->prog.step) ckpt_save(&t->ck, &t->prog);
     runlog_close(&t->log);
+    /* the groups' communicators go first, so that no NCCL watchdog of theirs
+     * is left watching an operation while the job's communicator ends MPI */
+    pipeline_free(&t->pp);
     stop_signal_exit(&t->comm, sig, t->prog.step, t->a.checkpoint_on_signal ? saved : NULL);
 }
 

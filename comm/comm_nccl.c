@@ -318,8 +318,12 @@ static void comm_nccl_req_free_locked(CommNccl* n, CommNcclReq* q) {
 
 /* One pass over the in-flight list (n->mu held): retire what completed and
  * was waited for; on a failure or a timeout, write the message to msg.
- * Returns -1 when the CUDA runtime is unloading (the process is exiting
- * without comm_finalize: nothing to report), else 0. */
+ * Returns -1, and the watchdog stops without a word, when the CUDA runtime
+ * is unloading (the process is exiting without comm_finalize) or the CUDA
+ * context has failed: an error such as a kernel's illegal address is
+ * reported by every later CUDA call, so the main thread's next call reports
+ * it with the call that found it, instead of the watchdog blaming the NCCL
+ * operation it happened to be polling; else 0. */
 static int comm_nccl_watch_once(CommNccl* n, char* msg, size_t cap) {
     double now = wall_time_s();
     CommNcclReq** pp = &n->head;
@@ -329,11 +333,8 @@ static int comm_nccl_watch_once(CommNccl* n, char* msg, size_t cap) {
             cudaError_t e = cudaEventQuery(q->done);
             if (e == cudaSuccess) {
                 q->complete = 1;
-            } else if (e == cudaErrorCudartUnloading) {
-                return -1;
             } else if (e != cudaErrorNotReady) {
-                snprintf(msg, cap, "nccl %s: CUDA error while waiting: %s", q->what, cudaGetErrorString(e));
-                return 0;
+                return -1;
             } else {
                 ncclResult_t st = ncclSuccess, r = ncclCommGetAsyncError(q->comm, &st);
                 if (r != ncclSuccess) st = r;
