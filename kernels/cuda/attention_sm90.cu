@@ -715,21 +715,13 @@ void attn_sm90_backward(cudaStream_t st, bf16* dqkv, float* partial, const bf16*
     if (partial && !(dkdv && dq)) fatal("internal: attn_sm90_backward: column sums need both kernels");
     dim3 grid((T + 127) / 128, B * NH);
     if (dkdv) {
-        if (partial)
-            attn_bwd_dkdv_sm90<true>
-                <<<grid, NT, SM90_SMEM_DKDV, st>>>(dqkv, partial, dout, qkv, lse, Dbuf, T, NH, sl2, scale);
-        else
-            attn_bwd_dkdv_sm90<false>
-                <<<grid, NT, SM90_SMEM_DKDV, st>>>(dqkv, nullptr, dout, qkv, lse, Dbuf, T, NH, sl2, scale);
+        auto kern = partial ? attn_bwd_dkdv_sm90<true> : attn_bwd_dkdv_sm90<false>;
+        kern<<<grid, NT, SM90_SMEM_DKDV, st>>>(dqkv, partial, dout, qkv, lse, Dbuf, T, NH, sl2, scale);
         LAUNCH_CHECK();
     }
     if (dq) {
-        if (partial)
-            attn_bwd_dq_sm90<true>
-                <<<grid, NT, SM90_SMEM_DQ, st>>>(dqkv, partial, dout, qkv, lse, Dbuf, T, NH, sl2, scale);
-        else
-            attn_bwd_dq_sm90<false>
-                <<<grid, NT, SM90_SMEM_DQ, st>>>(dqkv, nullptr, dout, qkv, lse, Dbuf, T, NH, sl2, scale);
+        auto kern = partial ? attn_bwd_dq_sm90<true> : attn_bwd_dq_sm90<false>;
+        kern<<<grid, NT, SM90_SMEM_DQ, st>>>(dqkv, partial, dout, qkv, lse, Dbuf, T, NH, sl2, scale);
         LAUNCH_CHECK();
     }
 }
