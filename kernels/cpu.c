@@ -291,7 +291,8 @@ static void cpu_matmul_backward_weight(Backend* be, void* dw, const void* dout, 
 
 /* dbias[o] += sum_n dout[n,o]: per column, rows in order, in double (the
  * same bits however the columns fall to threads). The bias gradient of
- * matmul_backward and of attention_backward (the qkv bias) alike. */
+ * matmul_backward, attention_backward (the qkv bias) and layernorm_backward
+ * (dsum) alike. */
 static void cpu_bias_colsum_add(float* dbias, const float* dout, int N, int OC) {
     enum { CH = 64 };
     int nch = (OC + CH - 1) / CH;
@@ -433,9 +434,9 @@ static void cpu_residual_forward(Backend* be, void* out_, const void* inp1_, con
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
-static void cpu_layernorm_backward(Backend* be, void* dinp_, void* dw_, void* db_, const void* dout_,
-                                   const void* inp_, const void* w_, const float* mean, const float* rstd,
-                                   int N, int C) {
+static void cpu_layernorm_backward(Backend* be, void* dinp_, void* dw_, void* db_, void* dsum,
+                                   const void* dout_, const void* inp_, const void* w_, const float* mean,
+                                   const float* rstd, int N, int C) {
     (void)be;
     float* dinp = dinp_;
     float* dw = dw_;
@@ -486,6 +487,8 @@ static void cpu_layernorm_backward(Backend* be, void* dinp_, void* dw_, void* db
         }
         free(dnorm);
     }
+    /* the bias gradient: the same sum (and bits) as matmul_backward's */
+    if (dsum) cpu_bias_colsum_add(dsum, dinp, N, C);
 }
 
 /* -------------------------------------------------------------- attention */

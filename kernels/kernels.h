@@ -113,9 +113,14 @@ struct Backend {
      * encoder_backward_range below restricts it to some rows) */
     void (*encoder_backward)(Backend* be, void* dwte, void* dwpe, const void* dout, const int* inp, int B,
                              int T, int C);
-    /* dinp += ..., dw += ..., db += ... */
-    void (*layernorm_backward)(Backend* be, void* dinp, void* dw, void* db, const void* dout, const void* inp,
-                               const void* w, const float* mean, const float* rstd, int N, int C);
+    /* dinp += ..., dw += ..., db += ... If dsum != NULL, also dsum[c] += the
+     * column sums of dinp as it is stored after the update, over its N rows,
+     * deterministic: the bias gradient of the linear layer whose output
+     * gradient dinp is (the residual stream's gradient is the attproj and
+     * fcproj outputs' gradient), without reading dinp again. */
+    void (*layernorm_backward)(Backend* be, void* dinp, void* dw, void* db, void* dsum, const void* dout,
+                               const void* inp, const void* w, const float* mean, const float* rstd, int N,
+                               int C);
     /* dinp = dout @ w (overwrite); dw += dout^T @ inp; dbias += column sums
      * of dout (if dbias != NULL). If pre_gelu != NULL, the GELU backward is
      * fused: dinp = (dout @ w) * gelu'(pre_gelu). That serves the

@@ -829,9 +829,13 @@ void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx) {
                             (int)C, c->padded_vocab_size);
         be->zero(be, a.dres, BT * C * dtype_size(be->dtype));
         layer_acts(m, &a, nl - 1, &la);
+        /* the layernorm also sums the columns of the dres it writes: the
+         * last layer's fcproj bias gradient */
         NEED_G(-1, GPT2_LNFW, GPT2_LNFB);
-        be->layernorm_backward(be, a.dres, GP(m, GPT2_LNFW, -1), GP(m, GPT2_LNFB, -1), a.dbtc, la.res3,
-                               P(m, W, GPT2_LNFW, -1), a.lnf_mean, a.lnf_rstd, (int)BT, (int)C);
+        NEED_G(l0 + nl - 1, GPT2_FCPROJB, -1);
+        be->layernorm_backward(be, a.dres, GP(m, GPT2_LNFW, -1), GP(m, GPT2_LNFB, -1),
+                               GP(m, GPT2_FCPROJB, l0 + nl - 1), a.dbtc, la.res3, P(m, W, GPT2_LNFW, -1),
+                               a.lnf_mean, a.lnf_rstd, (int)BT, (int)C);
         if (ready) {
             ready(ctx, gpt2_tensor(m, GPT2_LNFW, -1)->layout_index);
             ready(ctx, gpt2_tensor(m, GPT2_LNFB, -1)->layout_index);
@@ -846,19 +850,29 @@ void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx) {
         if (m->recompute >= 2)
             be->layernorm_forward(be, la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, P(m, W, GPT2_LN2W, l),
                                   P(m, W, GPT2_LN2B, l), (int)BT, (int)C);
-        /* MLP: dres is the gradient of res3 (= res2 + fcproj) */
+        /* MLP: dres is the gradient of res3 (= res2 + fcproj). Its column
+         * sums, the fcproj bias gradient, came from the layernorm backward
+         * that wrote it (the next layer's ln1, or lnf); only where dres came
+         * from the next pipeline stage does the matmul sum them. */
+        const int fcproj_bias_summed = j < nl - 1 || pt->has_head;
         NEED_G(l, GPT2_FCPROJW, GPT2_FCPROJB);
-        be->matmul_backward(be, a.dfch, GP(m, GPT2_FCPROJW, l), GP(m, GPT2_FCPROJB, l), a.dres, la.fch_gelu,
+        be->matmul_backward(be, a.dfch, GP(m, GPT2_FCPROJW, l),
+                            fcproj_bias_summed ? NULL : GP(m, GPT2_FCPROJB, l), a.dres, la.fch_gelu,
                             P(m, W, GPT2_FCPROJW, l), la.fch, (int)BT, (int)(4 * C), (int)C);
         NEED_G(l, GPT2_FCW, GPT2_FCB);
         be->matmul_backward(be, a.dbtc, GP(m, GPT2_FCW, l), GP(m, GPT2_FCB, l), a.dfch, la.ln2,
                             P(m, W, GPT2_FCW, l), NULL, (int)BT, (int)C, (int)(4 * C));
+        /* from here dres is the gradient of res2 (= res_in + attproj): its
+         * column sums, summed as ln2's backward writes it, are the attproj
+         * bias gradient */
         NEED_G(l, GPT2_LN2W, GPT2_LN2B);
-        be->layernorm_backward(be, a.dres, GP(m, GPT2_LN2W, l), GP(m, GPT2_LN2B, l), a.dbtc, la.res2,
-                               P(m, W, GPT2_LN2W, l), la.ln2_mean, la.ln2_rstd, (int)BT, (int)C);
-        /* attention: from here dres is the gradient of res2 (= res_in + attproj) */
-        NEED_G(l, GPT2_ATTPROJW, GPT2_ATTPROJB);
-        be->matmul_backward(be, a.dbtc, GP(m, GPT2_ATTPROJW, l), GP(m, GPT2_ATTPROJB, l), a.dres, la.atty,
+        NEED_G(l, GPT2_ATTPROJB, -1);
+        be->layernorm_backward(be, a.dres, GP(m, GPT2_LN2W, l), GP(m, GPT2_LN2B, l), GP(m, GPT2_ATTPROJB, l),
+                               a.dbtc, la.res2, P(m, W, GPT2_LN2W, l), la.ln2_mean, la.ln2_rstd, (int)BT,
+                               (int)C);
+        /* attention */
+        NEED_G(l, GPT2_ATTPROJW, -1);
+        be->matmul_backward(be, a.dbtc, GP(m, GPT2_ATTPROJW, l), NULL, a.dres, la.atty,
                             P(m, W, GPT2_ATTPROJW, l), NULL, (int)BT, (int)C, (int)C);
         /* the qkv bias gradient comes from the attention backward (the
          * column sums of dqkv as it is written), so the qkv matmul gets none */
@@ -870,8 +884,13 @@ void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx) {
                                   P(m, W, GPT2_LN1B, l), (int)BT, (int)C);
         be->matmul_backward(be, a.dbtc, GP(m, GPT2_QKVW, l), NULL, a.dqkv, la.ln1, P(m, W, GPT2_QKVW, l), NULL,
                             (int)BT, (int)C, (int)(3 * C));
+        /* dres becomes the gradient of res_in, the previous layer's res3: its
+         * column sums are that layer's fcproj bias gradient, if the layer is
+         * in this part */
         NEED_G(l, GPT2_LN1W, GPT2_LN1B);
-        be->layernorm_backward(be, a.dres, GP(m, GPT2_LN1W, l), GP(m, GPT2_LN1B, l), a.dbtc, la.res_in,
+        if (j > 0) NEED_G(l - 1, GPT2_FCPROJB, -1);
+        be->layernorm_backward(be, a.dres, GP(m, GPT2_LN1W, l), GP(m, GPT2_LN1B, l),
+                               j > 0 ? GP(m, GPT2_FCPROJB, l - 1) : NULL, a.dbtc, la.res_in,
                                P(m, W, GPT2_LN1W, l), la.ln1_mean, la.ln1_rstd, (int)BT, (int)C);
         mark_layer(m, l, ready, ctx);
     }

@@ -586,10 +586,10 @@ static void test_encoder_range_case(Ctx* cx, int B, int T, int C, int V) {
 
 typedef struct {
     int N, C;
-    float *inp, *w, *b, *dout, *dinp0, *dw0, *db0;
+    float *inp, *w, *b, *dout, *dinp0, *dw0, *db0, *ds0;
 } LnSt;
 
-/* out: [out N*C | mean N | rstd N | dinp N*C | dw C | db C] */
+/* out: [out N*C | mean N | rstd N | dinp N*C | dw C | db C | dsum C] */
 static void ln_run(Backend* be, void* p, float* o) {
     LnSt* s = p;
     const size_t nc = (size_t)s->N * s->C;
@@ -599,12 +599,14 @@ static void ln_run(Backend* be, void* p, float* o) {
     float* dinp = rstd + s->N;
     float* dw = dinp + nc;
     float* db = dw + s->C;
+    float* ds = db + s->C;
     fill_nan(o, 2 * (size_t)s->N + nc);
     be->layernorm_forward(be, out, mean, rstd, s->inp, s->w, s->b, s->N, s->C);
     memcpy(dinp, s->dinp0, sizeof(float) * nc);
     memcpy(dw, s->dw0, sizeof(float) * s->C);
     memcpy(db, s->db0, sizeof(float) * s->C);
-    be->layernorm_backward(be, dinp, dw, db, s->dout, s->inp, s->w, mean, rstd, s->N, s->C);
+    memcpy(ds, s->ds0, sizeof(float) * s->C);
+    be->layernorm_backward(be, dinp, dw, db, ds, s->dout, s->inp, s->w, mean, rstd, s->N, s->C);
 }
 
 typedef struct {
@@ -624,7 +626,7 @@ static void test_layernorm_case(Ctx* cx, int N, int C, int fd) {
     Rng r;
     case_rng(cx, &r);
     const size_t nc = (size_t)N * C;
-    LnSt s = {N, C, falloc(nc), falloc(C), falloc(C), falloc(nc), falloc(nc), falloc(C), falloc(C)};
+    LnSt s = {N, C, falloc(nc), falloc(C), falloc(C), falloc(nc), falloc(nc), falloc(C), falloc(C), falloc(C)};
     fill_normal(&r, s.inp, nc, 2.0f);
     for (int n = 0; n < N; n++) /* per-row offsets: the mean matters */
         for (int c = 0; c < C; c++) s.inp[(size_t)n * C + c] += 0.5f * (float)(n % 5);
@@ -634,7 +636,8 @@ static void test_layernorm_case(Ctx* cx, int N, int C, int fd) {
     fill_normal(&r, s.dinp0, nc, 1.0f);
     fill_normal(&r, s.dw0, C, 1.0f);
     fill_normal(&r, s.db0, C, 1.0f);
-    const size_t nout = 2 * nc + 2 * (size_t)N + 2 * (size_t)C;
+    fill_normal(&r, s.ds0, C, 1.0f);
+    const size_t nout = 2 * nc + 2 * (size_t)N + 3 * (size_t)C;
     float* o = falloc(nout);
     ln_run(be, &s, o);
 
@@ -651,9 +654,12 @@ static void test_layernorm_case(Ctx* cx, int N, int C, int fd) {
     double* db = dalloc(C);
     ref_layernorm_backward(dx, dw, db, G, x, w, N, C);
     for (size_t i = 0; i < nc; i++) dx[i] += s.dinp0[i];
+    double* ds = dalloc(C); /* dsum: ds0 + the column sums of the final dinp */
     for (int c = 0; c < C; c++) {
         dw[c] += s.dw0[c];
         db[c] += s.db0[c];
+        ds[c] = s.ds0[c];
+        for (int n = 0; n < N; n++) ds[c] += dx[(size_t)n * C + c];
     }
     const float* ko = o;
     const float* km = o + nc;
@@ -661,14 +667,16 @@ static void test_layernorm_case(Ctx* cx, int N, int C, int fd) {
     const float* kdx = kr + N;
     const float* kdw = kdx + nc;
     const float* kdb = kdw + C;
+    const float* kds = kdb + C;
     double e_out = rel_err(ko, out, nc), e_m = rel_err(km, mean, N), e_r = rel_err(kr, rstd, N);
     double e_dx = rel_err(kdx, dx, nc), e_dw = rel_err(kdw, dw, C), e_db = rel_err(kdb, db, C);
-    printf("layernorm N=%d C=%d: out %.2e mean %.2e rstd %.2e | dinp %.2e dw %.2e db %.2e\n", N, C, e_out, e_m,
-           e_r, e_dx, e_dw, e_db);
+    double e_ds = rel_err(kds, ds, C);
+    printf("layernorm N=%d C=%d: out %.2e mean %.2e rstd %.2e | dinp %.2e dw %.2e db %.2e dsum %.2e\n", N, C,
+           e_out, e_m, e_r, e_dx, e_dw, e_db, e_ds);
     CHECK(e_out <= TOL_FWD && e_m <= TOL_FWD && e_r <= TOL_FWD, "layernorm_forward error %.3e %.3e %.3e", e_out,
           e_m, e_r);
-    CHECK(e_dx <= TOL_BWD && e_dw <= TOL_BWD && e_db <= TOL_BWD,
-          "layernorm_backward (accumulating) error %.3e %.3e %.3e", e_dx, e_dw, e_db);
+    CHECK(e_dx <= TOL_BWD && e_dw <= TOL_BWD && e_db <= TOL_BWD && e_ds <= TOL_BWD,
+          "layernorm_backward (accumulating) error %.3e %.3e %.3e %.3e", e_dx, e_dw, e_db, e_ds);
     check_determinism(be, "layernorm", ln_run, &s, nout);
 
     if (fd) {
@@ -678,7 +686,7 @@ static void test_layernorm_case(Ctx* cx, int N, int C, int fd) {
         memset(gx, 0, sizeof(float) * nc);
         memset(gw, 0, sizeof(float) * C);
         memset(gb, 0, sizeof(float) * C);
-        be->layernorm_backward(be, gx, gw, gb, s.dout, s.inp, s.w, km, kr, N, C);
+        be->layernorm_backward(be, gx, gw, gb, NULL, s.dout, s.inp, s.w, km, kr, N, C);
         LnLoss L = {N, C, x, w, b, G, out};
         double* fx = dalloc(nc);
         double* fw = dalloc(C);
@@ -704,6 +712,8 @@ static void test_layernorm_case(Ctx* cx, int N, int C, int fd) {
     free(s.dinp0);
     free(s.dw0);
     free(s.db0);
+    free(s.ds0);
+    free(ds);
     free(o);
     free(x);
     free(w);

@@ -313,38 +313,51 @@ static void t_layernorm(Ctx* cx, int N, int C) {
     float* di0 = rand_x(cx, n, 1.0f);
     float* dw0 = rand_x(cx, C, 1.0f);
     float* db0 = rand_x(cx, C, 1.0f);
+    float* ds0 = rand_x(cx, C, 1.0f);
     void* dg = up_x(cx, g, n);
     float* dm = up_raw(cx, rm, N * 4);
     float* dr = up_raw(cx, rr, N * 4);
-    void *gi[2], *gw[2], *gb[2];
-    for (int r = 0; r < 2; r++) {
+    void *gi[3], *gw[3], *gb[3], *gs[3];
+    for (int r = 0; r < 3; r++) {
         gi[r] = up_x(cx, di0, n);
         gw[r] = up_x(cx, dw0, C);
         gb[r] = up_x(cx, db0, C);
-        cx->g->layernorm_backward(cx->g, gi[r], gw[r], gb[r], dg, dx, dw, dm, dr, N, C);
+        gs[r] = up_x(cx, ds0, C);
+        /* the third run without dsum: the same dinp, dw, db bits */
+        cx->g->layernorm_backward(cx->g, gi[r], gw[r], gb[r], r < 2 ? gs[r] : NULL, dg, dx, dw, dm, dr, N, C);
     }
     float* ri = copy_f(di0, n);
     float* rw = copy_f(dw0, C);
     float* rb = copy_f(db0, C);
-    cx->c->layernorm_backward(cx->c, ri, rw, rb, g, x, w, rm, rr, N, C);
+    float* rs = copy_f(ds0, C);
+    cx->c->layernorm_backward(cx->c, ri, rw, rb, rs, g, x, w, rm, rr, N, C);
     float* hi = get_x(cx, gi[0], n);
     float* hw = get_x(cx, gw[0], C);
     float* hb = get_x(cx, gb[0], C);
+    float* hs = get_x(cx, gs[0], C);
     snprintf(name, sizeof name, "layernorm_backward dinp (accumulate) N=%d C=%d", N, C);
     compare(cx, name, hi, ri, n);
     snprintf(name, sizeof name, "layernorm_backward dw (accumulate) N=%d C=%d", N, C);
     compare(cx, name, hw, rw, C);
     snprintf(name, sizeof name, "layernorm_backward db (accumulate) N=%d C=%d", N, C);
     compare(cx, name, hb, rb, C);
-    check_same(cx, "layernorm_backward twice: dinp, dw, db",
+    snprintf(name, sizeof name, "layernorm_backward dsum (column sums of dinp, accumulate) N=%d C=%d", N, C);
+    compare(cx, name, hs, rs, C);
+    check_same(cx, "layernorm_backward twice: dinp, dw, db, dsum",
                same_bits(cx, gi[0], gi[1], n * xs(cx)) && same_bits(cx, gw[0], gw[1], C * xs(cx)) &&
-                   same_bits(cx, gb[0], gb[1], C * xs(cx)));
+                   same_bits(cx, gb[0], gb[1], C * xs(cx)) && same_bits(cx, gs[0], gs[1], C * xs(cx)));
+    check_same(cx, "layernorm_backward with and without dsum: dinp, dw, db",
+               same_bits(cx, gi[0], gi[2], n * xs(cx)) && same_bits(cx, gw[0], gw[2], C * xs(cx)) &&
+                   same_bits(cx, gb[0], gb[2], C * xs(cx)));
     free(hi);
     free(hw);
     free(hb);
+    free(hs);
     free(ri);
     free(rw);
     free(rb);
+    free(rs);
+    free(ds0);
     free(g);
     free(di0);
     free(dw0);
@@ -1057,7 +1070,7 @@ typedef struct {
     Backend* g;
     int B, T, C, NH, V, Vp, N;
     void *x1, *x2, *x3, *x4; /* [N, 4C] activations */
-    void *w, *w2, *bias, *bias2;
+    void *w, *w2, *bias, *bias2, *bias3;
     void* logits;
     float *mean, *rstd, *lse, *losses;
     int* tok;
@@ -1117,7 +1130,9 @@ static void bench_op(Bench* b) {
     case B_GELU_F: g->gelu_forward(g, b->x2, b->x1, (size_t)N * 4 * C); break;
     case B_GELU_B: g->gelu_backward(g, b->x3, b->x1, b->x2, (size_t)N * 4 * C); break;
     case B_LN_B:
-        g->layernorm_backward(g, b->x3, b->bias, b->bias2, b->x2, b->x1, b->w, b->mean, b->rstd, N, C);
+        /* with dsum, as the trainer calls it (the attproj / fcproj bias gradient) */
+        g->layernorm_backward(g, b->x3, b->bias, b->bias2, b->bias3, b->x2, b->x1, b->w, b->mean, b->rstd, N,
+                              C);
         break;
     case B_MM_QKV_F: g->matmul_forward(g, b->x2, NULL, b->x1, b->w, b->bias, N, C, 3 * C); break;
     case B_MM_ATT_F: g->matmul_forward(g, b->x2, NULL, b->x1, b->w, b->bias, N, C, C); break;
@@ -1126,11 +1141,10 @@ static void bench_op(Bench* b) {
     case B_MM_LM_F: g->matmul_forward(g, b->logits, NULL, b->x1, b->w, NULL, N, C, b->Vp); break;
     /* the qkv bias gradient is attention_backward's (B_ATT_B), as in the trainer */
     case B_MM_QKV_B: g->matmul_backward(g, b->x3, b->w2, NULL, b->x2, b->x1, b->w, NULL, N, C, 3 * C); break;
-    case B_MM_ATT_B: g->matmul_backward(g, b->x3, b->w2, b->bias2, b->x2, b->x1, b->w, NULL, N, C, C); break;
+    /* and the attproj and fcproj ones are layernorm_backward's (B_LN_B) */
+    case B_MM_ATT_B: g->matmul_backward(g, b->x3, b->w2, NULL, b->x2, b->x1, b->w, NULL, N, C, C); break;
     case B_MM_FC_B: g->matmul_backward(g, b->x3, b->w2, b->bias2, b->x2, b->x1, b->w, NULL, N, C, 4 * C); break;
-    case B_MM_FCP_B:
-        g->matmul_backward(g, b->x3, b->w2, b->bias2, b->x2, b->x1, b->w, b->x4, N, 4 * C, C);
-        break;
+    case B_MM_FCP_B: g->matmul_backward(g, b->x3, b->w2, NULL, b->x2, b->x1, b->w, b->x4, N, 4 * C, C); break;
     case B_MM_LM_B: g->matmul_backward(g, b->x3, b->w2, NULL, b->logits, b->x1, b->w, NULL, N, C, b->Vp); break;
     case B_ATT_F: g->attention_forward(g, b->x2, b->lse, b->x1, b->B, b->T, C, b->NH); break;
     case B_ATT_B:
@@ -1215,6 +1229,7 @@ static void run_bench(void) {
     b.w2 = g->alloc(g, wsz * 2, MEM_GRADS);
     b.bias = g->alloc(g, 4 * C * 2, MEM_PARAMS);
     b.bias2 = g->alloc(g, 4 * C * 2, MEM_GRADS);
+    b.bias3 = g->alloc(g, 4 * C * 2, MEM_GRADS);
     b.logits = g->alloc(g, N * b.Vp * 2, MEM_ACTIVATIONS);
     b.mean = g->alloc(g, N * 4, MEM_ACTIVATIONS);
     b.rstd = g->alloc(g, N * 4, MEM_ACTIVATIONS);
@@ -1265,16 +1280,16 @@ static void run_bench(void) {
         {B_RES_F, "residual_forward", N * C * 2.0 * 3, 0, 0},
         {B_GELU_F, "gelu_forward (N x 4C)", N * 4 * C * 2.0 * 2, 0, 0},
         {B_GELU_B, "gelu_backward (N x 4C)", N * 4 * C * 2.0 * 3, 0, 0},
-        {B_LN_B, "layernorm_backward", N * C * 2.0 * 4, 0, 25},
+        {B_LN_B, "layernorm_backward (+dsum)", N * C * 2.0 * 4, 0, 25},
         {B_MM_QKV_F, "matmul_forward qkv 768->2304 +bias", 0, 2.0 * N * C * 3 * C, 12},
         {B_MM_ATT_F, "matmul_forward attproj 768->768 +bias", 0, 2.0 * N * C * C, 12},
         {B_MM_FC_F, "matmul_forward fc 768->3072 +bias+gelu", 0, 2.0 * N * C * 4 * C, 12},
         {B_MM_FCP_F, "matmul_forward fcproj 3072->768 +bias", 0, 2.0 * N * C * 4 * C, 12},
         {B_MM_LM_F, "matmul_forward lm head 768->50304", 0, 2.0 * N * C * b.Vp, 1},
         {B_MM_QKV_B, "matmul_backward qkv (no dbias)", 0, 4.0 * N * C * 3 * C, 12},
-        {B_MM_ATT_B, "matmul_backward attproj (+dbias)", 0, 4.0 * N * C * C, 12},
+        {B_MM_ATT_B, "matmul_backward attproj (no dbias)", 0, 4.0 * N * C * C, 12},
         {B_MM_FC_B, "matmul_backward fc (+dbias)", 0, 4.0 * N * C * 4 * C, 12},
-        {B_MM_FCP_B, "matmul_backward fcproj (+dbias, dgelu)", 0, 4.0 * N * C * 4 * C, 12},
+        {B_MM_FCP_B, "matmul_backward fcproj (no dbias, dgelu)", 0, 4.0 * N * C * 4 * C, 12},
         {B_MM_LM_B, "matmul_backward lm head", 0, 4.0 * N * C * b.Vp, 1},
         {B_ATT_F, "attention_forward (causal, hs 64)", 0, 4.0 * b.B * b.NH * (double)b.T * b.T * 64 / 2, 12},
         {B_ATT_B, "attention_backward (causal, hs 64, +dbias)", 0,

@@ -72,6 +72,17 @@ __device__ __forceinline__ void load_tile(uint32_t sm, const bf16* base, int t0,
                      "r"(ok ? 16 : 0));
     }
 }
+/* values [t0, t0 + 64) of a per-query vector (lse, D) into 64 floats at
+ * shared address sm, 4 bytes a thread (threads 0..63, in the same cp.async
+ * group as the tiles); rows >= T read as 0 */
+__device__ __forceinline__ void load_row_values(uint32_t sm, const float* src, int t0, int T) {
+    if (threadIdx.x < 64) {
+        const int t = t0 + (int)threadIdx.x;
+        const bool ok = t < T;
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(sm + 4 * threadIdx.x),
+                     "l"(src + (ok ? t : 0)), "r"(ok ? 4 : 0));
+    }
+}
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void cp_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
@@ -140,6 +151,23 @@ __device__ __forceinline__ void mma_rs(float (&d)[32], const uint32_t (&a)[4], u
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TRANS_B));
 }
 
+#define WG_D32_OUT                                                                                            \
+    "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]),           \
+        "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), \
+        "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]),            \
+        "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]),            \
+        "=f"(d[30]), "=f"(d[31])
+/* d = A * B (K-major B): mma_rs's first k-step, d written only (no register
+ * of d is read, so none needs defining first: an instruction that defined
+ * one while earlier MMAs run would make ptxas serialise them) */
+__device__ __forceinline__ void mma_rs_first(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_REGS32
+                 ", {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+                 : WG_D32_OUT
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
 /* 2^x, one MUFU instruction (subnormal results flushed to 0) */
 __device__ __forceinline__ float ex2(float x) {
     float y;
@@ -193,8 +221,9 @@ __device__ __forceinline__ void load_frags(uint32_t (&a)[4][4], uint32_t tile, i
  * tile b (K-major): S = Q K^T and its kin */
 __device__ __forceinline__ void mma_abt(float (&d)[32], const uint32_t (&a)[4][4], uint32_t b) {
     const uint64_t db = desc(b);
+    mma_rs_first(d, a[0], db);
 #pragma unroll
-    for (int kk = 0; kk < HS / 16; kk++) mma_rs<0>(d, a[kk], db + kk * KSTEP_K, kk);
+    for (int kk = 1; kk < HS / 16; kk++) mma_rs<0>(d, a[kk], db + kk * KSTEP_K, 1);
 }
 /* s (64 x 64 accumulators) rounded to bf16 as the A fragments of the four
  * k-steps; done before wg_fence so that no register the MMA reads is written
@@ -272,10 +301,15 @@ __device__ __forceinline__ void block_colsum(float (&cs)[NQ][16], float* red, fl
 } // namespace
 #endif
 
-constexpr size_t SM90_SMEM_FWD = 1024 + 2 * TILE + 4 * TILE; /* Q[128], K[2][64], V[2][64] */
-constexpr size_t SM90_SMEM_DQ = 1024 + 4 * TILE + 4 * TILE;  /* Q, dO [128]; K, V [2][64] */
+/* The backward kernels keep three stages of the tiles they walk: the loads
+ * for tile i + 1 go into the stage that tile i - 2 used, whose MMAs are known
+ * to be complete, so that a tile's last MMA (dK, dQ) runs on into the next
+ * tile's first ones instead of being waited for before the barrier. */
+static constexpr int NSTAGE = 3;
+constexpr size_t SM90_SMEM_FWD = 1024 + 2 * TILE + 4 * TILE;         /* Q[128], K[2][64], V[2][64] */
+constexpr size_t SM90_SMEM_DQ = 1024 + 4 * TILE + 2 * NSTAGE * TILE; /* Q, dO [128]; K, V [3][64] */
 constexpr size_t SM90_SMEM_DKDV =
-    1024 + 4 * TILE + 4 * TILE + 4 * 64 * 4; /* K, V [128]; Q, dO [2][64]; lse, D */
+    1024 + 4 * TILE + 2 * NSTAGE * TILE + 2 * NSTAGE * 64 * 4; /* K, V [128]; Q, dO [3][64]; lse, D [3][64] */
 
 /* ------------------------------------------------------------------------ */
 /* forward: a block per (128 queries, b, h), walking key tiles 0 .. diagonal */
@@ -400,10 +434,11 @@ __global__ void __launch_bounds__(NT, 1)
     attn_bwd_dkdv_sm90(bf16* dqkv, float* partial, const bf16* dout, const bf16* qkv, const float* lse,
                        const float* Dbuf, int T, int NH, float sl2, float scale) {
 #ifdef ATTN_SM90
-    const uint32_t sK = smem_base(), sV = sK + 2 * TILE, sQ = sV + 2 * TILE, sO = sQ + 2 * TILE;
+    const uint32_t sK = smem_base(), sV = sK + 2 * TILE, sQ = sV + 2 * TILE, sO = sQ + NSTAGE * TILE;
+    const uint32_t sL = sO + NSTAGE * TILE, sDv = sL + NSTAGE * 64 * 4; /* lse, D: [NSTAGE][64] floats */
     extern __shared__ __align__(1024) unsigned char smraw[];
-    float* lse_s = (float*)(smraw + (sO + 2 * TILE - smem_addr(smraw))); /* [2][64], log2 units */
-    float* D_s = lse_s + 2 * 64;                                         /* [2][64] */
+    const float* lse_s = (const float*)(smraw + (sL - smem_addr(smraw)));
+    const float* D_s = (const float*)(smraw + (sDv - smem_addr(smraw)));
     const int kb = blockIdx.x; /* low key blocks have the most work: first */
     const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
     const int C = NH * HS, C3 = 3 * C;
@@ -419,17 +454,21 @@ __global__ void __launch_bounds__(NT, 1)
     const int my_qb0 = kw / 64; /* first query tile this warpgroup needs */
     const int krow = kw + warp * 16 + g;
 
+    /* query tile qb into stage st: Q, dO, and its lse and D (the rows >= T
+     * read as zeros: with Q and dO rows of zeros their P is 1, but every
+     * product it enters is then 0: dV += P^T dO adds 0, dP^T and so dS^T
+     * are 0) */
+    auto load_q_tile = [&](int qb, int st) {
+        load_tile<64>(sQ + st * TILE, base, qb * 64, T, C3);
+        load_tile<64>(sO + st * TILE, obase, qb * 64, T, C);
+        load_row_values(sL + st * 256, lse_bh, qb * 64, T);
+        load_row_values(sDv + st * 256, D_bh, qb * 64, T);
+    };
     load_tile<128>(sK, base + C, k0, T, C3);
     load_tile<128>(sV, base + 2 * C, k0, T, C3);
     cp_commit();
-    load_tile<64>(sQ, base, qb0 * 64, T, C3);
-    load_tile<64>(sO, obase, qb0 * 64, T, C);
+    load_q_tile(qb0, 0);
     cp_commit();
-    if (threadIdx.x < 64) {
-        int q = qb0 * 64 + threadIdx.x;
-        lse_s[threadIdx.x] = q < T ? lse_bh[q] * LOG2E : INFINITY;
-        D_s[threadIdx.x] = q < T ? D_bh[q] : 0.0f;
-    }
 
     /* this warpgroup's K and V rows as A fragments, once */
     uint32_t kf[4][4], vf[4][4];
@@ -441,74 +480,90 @@ __global__ void __launch_bounds__(NT, 1)
     float dk[32], dv[32];
     zero32(dk);
     zero32(dv);
+    /* A tile's dK product is issued in the next tile's first group, so that
+     * it runs while that tile's P^T is computed: pend says one is due, with
+     * its A fragments in da and its Q tile in stage pend_st (tile i's stage
+     * is next written by the loads for tile i + 3, issued in tile i + 2) */
+    uint32_t pa[4][4], da[4][4];
+    bool pend = false;
+    int pend_st = 0;
     for (int qb = qb0; qb < nqb; qb++) {
-        const int cur = (qb - qb0) & 1;
-        if (qb + 1 < nqb) {
-            load_tile<64>(sQ + (cur ^ 1) * TILE, base, (qb + 1) * 64, T, C3);
-            load_tile<64>(sO + (cur ^ 1) * TILE, obase, (qb + 1) * 64, T, C);
-            cp_commit();
-            if (threadIdx.x < 64) {
-                int q = (qb + 1) * 64 + threadIdx.x;
-                lse_s[(cur ^ 1) * 64 + threadIdx.x] = q < T ? lse_bh[q] * LOG2E : INFINITY;
-                D_s[(cur ^ 1) * 64 + threadIdx.x] = q < T ? D_bh[q] : 0.0f;
-            }
-            cp_wait<1>();
-        } else {
-            cp_wait<0>();
-        }
+        const int cur = (qb - qb0) % NSTAGE;
+        /* tile qb has landed (its group is the only one outstanding); after
+         * the barrier every warpgroup is done with tile qb - 2 (its last MMA
+         * was waited for in tile qb - 1), whose stage takes tile qb + 1 */
+        cp_wait<0>();
         fence_async_smem();
         __syncthreads();
+        if (qb + 1 < nqb) {
+            load_q_tile(qb + 1, (qb + 1 - qb0) % NSTAGE);
+            cp_commit();
+        }
         if (qb >= my_qb0 && kw < T) {
             const uint32_t Qc = sQ + cur * TILE, Oc = sO + cur * TILE;
             const float* lsec = lse_s + cur * 64;
             const float* Dc = D_s + cur * 64;
-            /* S^T = K_w Q^T and dP^T = V_w dO^T: 64 keys x 64 queries */
+            /* S^T = K_w Q^T and dP^T = V_w dO^T: 64 keys x 64 queries (not
+             * zeroed: the first k-step overwrites) */
             float st[32], dpt[32];
-            zero32(st);
-            zero32(dpt);
-            /* four groups: S^T, dP^T, dV, dK. P^T is computed while dP^T
-             * runs, dS^T while dV runs. */
+            /* groups: S^T, dP^T, the previous tile's dK (empty if none),
+             * then dV. P^T is computed while dP^T and dK run, dS^T while dV
+             * runs. */
             wg_fence();
             mma_abt(st, kf, Qc);
             wg_commit();
             mma_abt(dpt, vf, Oc);
             wg_commit();
-            wg_wait<1>();
+            if (pend) mma_pb(dk, da, sQ + pend_st * TILE); /* dK += dS^T Q, previous tile */
+            wg_commit();
+            wg_wait<2>();
             reg_fence(st);
             const bool diag = qb == my_qb0;
+            /* this thread's 16 query columns: 8j + 2t4 + e */
+            float nl[16], Dq[16];
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const float2 l2 = *reinterpret_cast<const float2*>(lsec + 8 * j + 2 * t4);
+                const float2 d2 = *reinterpret_cast<const float2*>(Dc + 8 * j + 2 * t4);
+                nl[2 * j] = -LOG2E * l2.x;
+                nl[2 * j + 1] = -LOG2E * l2.y;
+                Dq[2 * j] = d2.x;
+                Dq[2 * j + 1] = d2.y;
+            }
 #pragma unroll
             for (int i = 0; i < 32; i++) {
                 const int e = i & 3;
                 const int qc = (i >> 2) * 8 + 2 * t4 + (e & 1); /* query column in the tile */
-                float p = ex2(fmaf(st[i], sl2, -lsec[qc]));
+                float p = ex2(fmaf(st[i], sl2, nl[(i >> 2) * 2 + (e & 1)]));
                 if (diag && krow + (e >> 1) * 8 > qb * 64 + qc) p = 0.0f;
                 st[i] = p; /* P^T */
             }
-            uint32_t pa[4][4], da[4][4];
             to_frags(pa, st);
             wg_fence();
             reg_fence(dv);
             mma_pb(dv, pa, Oc); /* dV += P^T dO */
             wg_commit();
-            wg_wait<1>();
+            wg_wait<2>();
             reg_fence(dpt);
 #pragma unroll
-            for (int i = 0; i < 32; i++) {
-                const int qc = (i >> 2) * 8 + 2 * t4 + (i & 1);
-                dpt[i] = st[i] * (dpt[i] - Dc[qc]); /* dS^T */
-            }
-            to_frags(da, dpt);
-            wg_fence();
-            reg_fence(dk);
-            mma_pb(dk, da, Qc); /* dK += dS^T Q */
-            wg_commit();
+            for (int i = 0; i < 32; i++) dpt[i] = st[i] * (dpt[i] - Dq[(i >> 2) * 2 + (i & 1)]); /* dS^T */
             wg_wait0();
-            reg_fence(dv);
             reg_fence(dk);
+            reg_fence(dv);
             reg_fence(pa);
             reg_fence(da);
+            to_frags(da, dpt);
+            pend = true;
+            pend_st = cur;
         }
-        __syncthreads();
+    }
+    if (pend) {
+        wg_fence();
+        mma_pb(dk, da, sQ + pend_st * TILE); /* the last tile's dK */
+        wg_commit();
+        wg_wait0();
+        reg_fence(dk);
+        reg_fence(da);
     }
     float cs[2][16]; /* BIAS: sums of this thread's stored rows of dK, dV */
     if constexpr (BIAS) {
@@ -535,9 +590,9 @@ __global__ void __launch_bounds__(NT, 1)
     }
     if constexpr (BIAS) {
         /* Rows >= T add nothing; a warpgroup with no key < T sums zeros, so
-         * every block writes all its 128 columns of partial. The tiles are
-         * free: the loop ran at least once (k0 < T) and its last barrier
-         * came after every wgmma, ldmatrix and cp.async on them completed. */
+         * every block writes all its 128 columns of partial. The K tile is
+         * free: it was read once, by load_frags before the loop's first
+         * barrier (the MMAs read only the Q and dO stages). */
         float* red = (float*)(smraw + (sK - smem_addr(smraw)));
         block_colsum<2>(cs, red, partial + ((size_t)b * gridDim.x + kb) * C3 + C + h * HS, C);
     }
@@ -554,7 +609,7 @@ __global__ void __launch_bounds__(NT)
     attn_bwd_dq_sm90(bf16* dqkv, float* partial, const bf16* dout, const bf16* qkv, const float* lse,
                      const float* Dbuf, int T, int NH, float sl2, float scale) {
 #ifdef ATTN_SM90
-    const uint32_t sQ = smem_base(), sO = sQ + 2 * TILE, sK = sO + 2 * TILE, sV = sK + 2 * TILE;
+    const uint32_t sQ = smem_base(), sO = sQ + 2 * TILE, sK = sO + 2 * TILE, sV = sK + NSTAGE * TILE;
     const int qb = gridDim.x - 1 - blockIdx.x;
     const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
     const int C = NH * HS, C3 = 3 * C;
@@ -590,30 +645,37 @@ __global__ void __launch_bounds__(NT)
 
     float dq[32];
     zero32(dq);
+    /* as dK in dK/dV: a tile's dQ product is issued in the next tile's first
+     * group (pend: one is due, A fragments in da, K tile in stage pend_st) */
+    uint32_t da[4][4];
+    bool pend = false;
+    int pend_st = 0;
     for (int kb = 0; kb < nkb; kb++) {
-        const int cur = kb & 1;
-        if (kb + 1 < nkb) {
-            load_tile<64>(sK + (cur ^ 1) * TILE, base + C, (kb + 1) * 64, T, C3);
-            load_tile<64>(sV + (cur ^ 1) * TILE, base + 2 * C, (kb + 1) * 64, T, C3);
-            cp_commit();
-            cp_wait<1>();
-        } else {
-            cp_wait<0>();
-        }
+        const int cur = kb % NSTAGE;
+        /* as in dK/dV: tile kb has landed, and tile kb - 2's stage takes
+         * tile kb + 1 */
+        cp_wait<0>();
         fence_async_smem();
         __syncthreads();
+        if (kb + 1 < nkb) {
+            const int nx = (kb + 1) % NSTAGE;
+            load_tile<64>(sK + nx * TILE, base + C, (kb + 1) * 64, T, C3);
+            load_tile<64>(sV + nx * TILE, base + 2 * C, (kb + 1) * 64, T, C3);
+            cp_commit();
+        }
         if (kb < my_nkb) {
             const uint32_t Kc = sK + cur * TILE;
-            float s[32], dp[32];
-            zero32(s);
-            zero32(dp);
-            /* P is computed while dP runs */
+            float s[32], dp[32]; /* not zeroed: the first k-step overwrites */
+            /* groups: S, dP, the previous tile's dQ (empty if none); P is
+             * computed while dP and dQ run, dS while dQ runs */
             wg_fence();
             mma_abt(s, qf, Kc);
             wg_commit();
             mma_abt(dp, of, sV + cur * TILE);
             wg_commit();
-            wg_wait<1>();
+            if (pend) mma_pb(dq, da, sK + pend_st * TILE); /* dQ += dS K, previous tile */
+            wg_commit();
+            wg_wait<2>();
             reg_fence(s);
             const bool diag = kb == my_nkb - 1;
 #pragma unroll
@@ -623,21 +685,25 @@ __global__ void __launch_bounds__(NT)
                 if (diag && kb * 64 + (i >> 2) * 8 + 2 * t4 + (e & 1) > qrow + (e >> 1) * 8) p = 0.0f;
                 s[i] = p;
             }
-            wg_wait0();
+            wg_wait<1>();
             reg_fence(dp);
 #pragma unroll
             for (int i = 0; i < 32; i++) dp[i] = s[i] * (dp[i] - Dr[(i >> 1) & 1]); /* dS */
-            uint32_t da[4][4];
-            to_frags(da, dp);
-            wg_fence();
-            reg_fence(dq);
-            mma_pb(dq, da, Kc); /* dQ += dS K */
-            wg_commit();
             wg_wait0();
             reg_fence(dq);
             reg_fence(da);
+            to_frags(da, dp);
+            pend = true;
+            pend_st = cur;
         }
-        __syncthreads();
+    }
+    if (pend) {
+        wg_fence();
+        mma_pb(dq, da, sK + pend_st * TILE); /* the last tile's dQ */
+        wg_commit();
+        wg_wait0();
+        reg_fence(dq);
+        reg_fence(da);
     }
     float cs[1][16]; /* BIAS: sums of this thread's stored rows of dQ */
     if constexpr (BIAS) {
@@ -659,7 +725,7 @@ __global__ void __launch_bounds__(NT)
     }
     if constexpr (BIAS) {
         /* as in dK/dV: rows >= T add nothing, every block writes its 64
-         * columns, and the tiles are free after the loop (nkb >= 1) */
+         * columns, and the Q tile is free (read once, by load_frags) */
         extern __shared__ __align__(1024) unsigned char smraw[];
         float* red = (float*)(smraw + (sQ - smem_addr(smraw)));
         block_colsum<1>(cs, red, partial + ((size_t)b * gridDim.x + qb) * C3 + h * HS, 0);

@@ -188,8 +188,9 @@ void cuda_layernorm_forward(Backend* be, void* out, float* mean, float* rstd, co
 void cuda_residual_layernorm_forward(Backend* be, void* residual, void* out, float* mean, float* rstd,
                                      const void* inp1, const void* inp2, const void* w, const void* b, int N,
                                      int C);
-void cuda_layernorm_backward(Backend* be, void* dinp, void* dw, void* db, const void* dout, const void* inp,
-                             const void* w, const float* mean, const float* rstd, int N, int C);
+void cuda_layernorm_backward(Backend* be, void* dinp, void* dw, void* db, void* dsum, const void* dout,
+                             const void* inp, const void* w, const float* mean, const float* rstd, int N,
+                             int C);
 /* matmul.cu */
 void cuda_matmul_init(Backend* be);
 void cuda_matmul_destroy(Backend* be);

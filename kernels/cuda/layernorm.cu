@@ -140,21 +140,24 @@ void cuda_residual_layernorm_forward(Backend* be, void* residual, void* out, flo
  * lane-major: the sum of a lane's element (j, k) at [(j * V + k) * 32 + lane],
  * so that a warp's 32 updates hit 32 different banks (column-major, with
  * lanes 32 bytes apart, they hit 4 banks: 8-way conflicts on every update);
- * the next row's inputs are loaded before the current row's reductions. */
+ * the next row's inputs are loaded before the current row's reductions.
+ * SUM: a third slice sums the dinp values as stored (dsum, a bias gradient). */
 #define LN_BWD_WARPS 4
 
 /* floats of one warp's dw (or db) slice */
 template <int V, int NCH> __host__ __device__ constexpr int ln_bwd_slice() { return NCH * V * 32; }
 
-template <typename T, int V, int NCH>
+template <typename T, int V, int NCH, bool SUM>
 __global__ void __launch_bounds__(LN_BWD_WARPS * 32)
     ln_bwd_kernel(T* dinp, float* partial, const T* dout, const T* inp, const T* w, const float* mean,
                   const float* rstd, int N, int C) {
     constexpr int SL = ln_bwd_slice<V, NCH>();
-    extern __shared__ float acc[]; /* [LN_BWD_WARPS][2][SL] */
+    constexpr int NS = SUM ? 3 : 2; /* sums a warp keeps: dw, db (, dsum) */
+    extern __shared__ float acc[];  /* [LN_BWD_WARPS][NS][SL] */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    float* myw = acc + (size_t)warp * 2 * SL + lane;
+    float* myw = acc + (size_t)warp * NS * SL + lane;
     float* myb = myw + SL;
+    float* mys = myb + SL; /* SUM only */
     float wv[NCH][V];
 #pragma unroll
     for (int j = 0; j < NCH; j++) {
@@ -162,7 +165,10 @@ __global__ void __launch_bounds__(LN_BWD_WARPS * 32)
         if (c < C) {
             load_vec<V>(wv[j], w + c);
 #pragma unroll
-            for (int k = 0; k < V; k++) myw[(j * V + k) * 32] = myb[(j * V + k) * 32] = 0.0f;
+            for (int k = 0; k < V; k++) {
+                myw[(j * V + k) * 32] = myb[(j * V + k) * 32] = 0.0f;
+                if constexpr (SUM) mys[(j * V + k) * 32] = 0.0f;
+            }
         } else {
 #pragma unroll
             for (int k = 0; k < V; k++) wv[j][k] = 0.0f;
@@ -215,6 +221,11 @@ __global__ void __launch_bounds__(LN_BWD_WARPS * 32)
 #pragma unroll
                 for (int k = 0; k < V; k++) d[j][k] += (g[j][k] * wv[j][k] - m1 - x[j][k] * m2) * rs;
                 store_vec<V>(dinp + off + c, d[j]);
+                if constexpr (SUM) {
+#pragma unroll
+                    for (int k = 0; k < V; k++)
+                        mys[(j * V + k) * 32] += to_f<T>(from_f<T>(d[j][k])); /* as stored */
+                }
             }
         }
         const int nx = row + stride;
@@ -235,28 +246,30 @@ __global__ void __launch_bounds__(LN_BWD_WARPS * 32)
     __syncthreads();
     /* this block's partial: the warps' sums added in warp order; column c
      * is element (j, k) of lane l where c = (j * 32 + l) * V + k */
-    float* dst = partial + (size_t)blockIdx.x * 2 * C;
-    for (int i = threadIdx.x; i < 2 * C; i += blockDim.x) {
-        const int half = i >= C, c = i - half * C;
+    float* dst = partial + (size_t)blockIdx.x * NS * C;
+    for (int i = threadIdx.x; i < NS * C; i += blockDim.x) {
+        const int part = i / C, c = i - part * C;
         const int v = c / V, k = c % V;
-        const int idx = half * SL + ((v >> 5) * V + k) * 32 + (v & 31);
+        const int idx = part * SL + ((v >> 5) * V + k) * 32 + (v & 31);
         float t = 0.0f;
-        for (int w2 = 0; w2 < LN_BWD_WARPS; w2++) t += acc[(size_t)w2 * 2 * SL + idx];
+        for (int w2 = 0; w2 < LN_BWD_WARPS; w2++) t += acc[(size_t)w2 * NS * SL + idx];
         dst[i] = t;
     }
 }
 
-/* dw[c] += sum_g partial[g][c]; db[c] += sum_g partial[g][C + c]; fixed order.
+/* dw[c] += sum_g partial[g][c]; db[c] += sum_g partial[g][C + c]; with NS
+ * = 3 also ds[c] += sum_g partial[g][2C + c]; fixed order.
  * Block: 32 columns x 32 row-threads; row-thread ty sums g = ty, ty+32, ...
  * (4 loads in flight), then the 32 are added in order. */
 template <typename T>
-__global__ void __launch_bounds__(1024) ln_bwd_final_kernel(T* dw, T* db, const float* partial, int G, int C) {
+__global__ void __launch_bounds__(1024)
+    ln_bwd_final_kernel(T* dw, T* db, T* ds, const float* partial, int G, int C, int NS) {
     __shared__ float sm[32][33];
     const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
     const int c = blockIdx.x * 32 + tx;
     float s = 0.0f;
-    if (c < 2 * C) {
-        const size_t st = (size_t)2 * C;
+    if (c < NS * C) {
+        const size_t st = (size_t)NS * C;
         int g = ty;
         for (; g + 96 < G; g += 128) {
             float a0 = partial[(size_t)g * st + c], a1 = partial[(size_t)(g + 32) * st + c];
@@ -270,16 +283,16 @@ __global__ void __launch_bounds__(1024) ln_bwd_final_kernel(T* dw, T* db, const 
     }
     sm[ty][tx] = s;
     __syncthreads();
-    if (ty == 0 && c < 2 * C) {
+    if (ty == 0 && c < NS * C) {
         float tot = 0.0f;
         for (int k = 0; k < 32; k++) tot += sm[k][tx];
-        T* p = c < C ? dw + c : db + (c - C);
+        T* p = c < C ? dw + c : c < 2 * C ? db + (c - C) : ds + (c - 2 * C);
         *p = from_f<T>(to_f<T>(*p) + tot);
     }
 }
 
 template <typename T>
-static void ln_bwd(Backend* be, T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w,
+static void ln_bwd(Backend* be, T* dinp, T* dw, T* db, T* ds, const T* dout, const T* inp, const T* w,
                    const float* mean, const float* rstd, int N, int C) {
     CudaCtx* cx = cuda_ctx(be);
     cudaStream_t st = cx->stream;
@@ -289,15 +302,17 @@ static void ln_bwd(Backend* be, T* dinp, T* dw, T* db, const T* dout, const T* i
     size_t smem = 0;
     int G = 0;
     float* partial = nullptr;
-    auto launch = [&](auto kern, int slice) {
-        smem = (size_t)LN_BWD_WARPS * 2 * slice * sizeof(float);
+    const int NS = ds ? 3 : 2;
+    auto launch = [&](auto kern_nosum, auto kern_sum, int slice) {
+        auto kern = ds ? kern_sum : kern_nosum;
+        smem = (size_t)LN_BWD_WARPS * NS * slice * sizeof(float);
         int per_sm = 0;
         CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, LN_BWD_WARPS * 32, smem));
         if (per_sm < 1) per_sm = 1;
         G = per_sm * cx->num_sms;
         int need = (int)cdiv(N, LN_BWD_WARPS);
         if (G > need) G = need;
-        partial = (float*)cuda_scratch(be, (size_t)G * 2 * C * sizeof(float));
+        partial = (float*)cuda_scratch(be, (size_t)G * NS * C * sizeof(float));
         kern<<<G, LN_BWD_WARPS * 32, smem, st>>>(dinp, partial, dout, inp, w, mean, rstd, N, C);
         LAUNCH_CHECK();
     };
@@ -306,7 +321,8 @@ static void ln_bwd(Backend* be, T* dinp, T* dw, T* db, const T* dout, const T* i
         ok = dispatch_nch<VV>(C, [&](auto nch) {
             constexpr int NCH = decltype(nch)::value;
             if constexpr (NCH * VV <= 32) {
-                launch(ln_bwd_kernel<T, VV, NCH>, ln_bwd_slice<VV, NCH>());
+                launch(ln_bwd_kernel<T, VV, NCH, false>, ln_bwd_kernel<T, VV, NCH, true>,
+                       ln_bwd_slice<VV, NCH>());
                 return true;
             } else {
                 return false;
@@ -316,7 +332,7 @@ static void ln_bwd(Backend* be, T* dinp, T* dw, T* db, const T* dout, const T* i
         ok = dispatch_nch<1>(C, [&](auto nch) {
             constexpr int NCH = decltype(nch)::value;
             if constexpr (NCH <= 32) {
-                launch(ln_bwd_kernel<T, 1, NCH>, ln_bwd_slice<1, NCH>());
+                launch(ln_bwd_kernel<T, 1, NCH, false>, ln_bwd_kernel<T, 1, NCH, true>, ln_bwd_slice<1, NCH>());
                 return true;
             } else {
                 return false;
@@ -324,16 +340,17 @@ static void ln_bwd(Backend* be, T* dinp, T* dw, T* db, const T* dout, const T* i
         });
     }
     if (!ok) fatal("layernorm_backward: C=%d is larger than the CUDA backend supports (1024)", C);
-    ln_bwd_final_kernel<T><<<cdiv(2 * (size_t)C, 32), 1024, 0, st>>>(dw, db, partial, G, C);
+    ln_bwd_final_kernel<T><<<cdiv((size_t)NS * C, 32), 1024, 0, st>>>(dw, db, ds, partial, G, C, NS);
     LAUNCH_CHECK();
 }
 
-void cuda_layernorm_backward(Backend* be, void* dinp, void* dw, void* db, const void* dout, const void* inp,
-                             const void* w, const float* mean, const float* rstd, int N, int C) {
+void cuda_layernorm_backward(Backend* be, void* dinp, void* dw, void* db, void* dsum, const void* dout,
+                             const void* inp, const void* w, const float* mean, const float* rstd, int N,
+                             int C) {
     if (be->dtype == DTYPE_BF16)
-        ln_bwd<bf16>(be, (bf16*)dinp, (bf16*)dw, (bf16*)db, (const bf16*)dout, (const bf16*)inp, (const bf16*)w,
-                     mean, rstd, N, C);
+        ln_bwd<bf16>(be, (bf16*)dinp, (bf16*)dw, (bf16*)db, (bf16*)dsum, (const bf16*)dout, (const bf16*)inp,
+                     (const bf16*)w, mean, rstd, N, C);
     else
-        ln_bwd<float>(be, (float*)dinp, (float*)dw, (float*)db, (const float*)dout, (const float*)inp,
-                      (const float*)w, mean, rstd, N, C);
+        ln_bwd<float>(be, (float*)dinp, (float*)dw, (float*)db, (float*)dsum, (const float*)dout,
+                      (const float*)inp, (const float*)w, mean, rstd, N, C);
 }
