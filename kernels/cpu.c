@@ -312,6 +312,8 @@ static void cpu_matmul_backward(Backend* be, void* dinp_, void* dw_, void* dbias
                                 const void* inp, const void* w, const void* pre_gelu_, int N, int C, int OC) {
     float* dinp = dinp_;
     const float* dout = dout_;
+    /* dW first: dinp may be inp */
+    if (dw_) cpu_matmul_backward_weight(be, dw_, dout, OC, inp, N, C, OC);
     if (dinp) {
         /* dinp[N,C] = dout[N,OC] @ w[OC,C] */
         /* clang-format off */
@@ -328,7 +330,6 @@ static void cpu_matmul_backward(Backend* be, void* dinp_, void* dw_, void* dbias
             for (size_t i = 0; i < n; i++) dinp[i] = dinp[i] * gelu_grad_f(pre[i]);
         }
     }
-    if (dw_) cpu_matmul_backward_weight(be, dw_, dout, OC, inp, N, C, OC);
     if (dbias_) cpu_bias_colsum_add(dbias_, dout, N, OC);
 }
 

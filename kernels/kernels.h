@@ -127,7 +127,9 @@ struct Backend {
      * fc -> gelu -> fcproj chain, where inp = gelu(pre_gelu): the result is
      * the gradient of the fc pre-activation. dinp == NULL skips dX (and the
      * GELU); dw == NULL skips dW (the lm head computes dX first and its dW at
-     * the end of backward, through matmul_backward_weight). */
+     * the end of backward, through matmul_backward_weight). dW is computed
+     * before dinp is written, so dinp may be the same buffer as inp (the
+     * model writes the fc gradient over the GELU output it came from). */
     void (*matmul_backward)(Backend* be, void* dinp, void* dw, void* dbias, const void* dout, const void* inp,
                             const void* w, const void* pre_gelu, int N, int C, int OC);
     /* dqkv = gradient of attention (overwrite). dbias (NULL: skipped) is the

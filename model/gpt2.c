@@ -501,8 +501,8 @@ typedef struct {
     float *lnf_mean, *lnf_rstd, *losses; /* head */
     int *inputs, *targets;               /* device token ids */
     /* scratch */
-    void *attproj, *fcproj;          /* forward: each only feeds the residual add after it */
-    void *dres, *dbtc, *dqkv, *dfch; /* backward */
+    void *attproj, *fcproj;   /* forward: each only feeds the residual add after it */
+    void *dres, *dbtc, *dqkv; /* backward (the fc gradient goes into fch_gelu) */
 } Acts;
 
 /* Carves the slot block (scratch = 0) or the scratch block at base (NULL:
@@ -547,7 +547,6 @@ static size_t acts_layout(const GPT2* m, int B, int T, Acts* a, char* base, int 
         CARVE(a->dres, char, BT * C);
         CARVE(a->dbtc, char, BT * C);
         CARVE(a->dqkv, char, BT * 3 * C);
-        CARVE(a->dfch, char, BT * 4 * C);
     }
     if (ln_here) {
         CARVE(a->ln1, char, Lln * BT * C);
@@ -823,7 +822,8 @@ void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx) {
         /* classifier: forward left dlogits in logits. Only dX here; the lm
          * head's dW (into wte's gradient) waits for the end of backward, where
          * the encoder's rows are added too. Nothing below overwrites logits or
-         * lnf (backward's scratch is dres/dbtc/dqkv/dfch; recompute rewrites
+         * lnf (backward's scratch is dres/dbtc/dqkv and each layer's
+         * fch_gelu; recompute rewrites
          * only the shared ln1/ln2/GELU buffers). */
         be->matmul_backward(be, a.dbtc, NULL, NULL, a.logits, a.lnf, P(m, W, GPT2_WTE, -1), NULL, (int)BT,
                             (int)C, c->padded_vocab_size);
@@ -855,12 +855,17 @@ void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx) {
          * that wrote it (the next layer's ln1, or lnf); only where dres came
          * from the next pipeline stage does the matmul sum them. */
         const int fcproj_bias_summed = j < nl - 1 || pt->has_head;
+        /* The gradient of the fc pre-activation overwrites the GELU output
+         * it is computed from: the fcproj dW, its only other reader, comes
+         * first inside matmul_backward (dinp may be inp), and it saves a
+         * B*T*4C buffer. */
         NEED_G(l, GPT2_FCPROJW, GPT2_FCPROJB);
-        be->matmul_backward(be, a.dfch, GP(m, GPT2_FCPROJW, l),
+        void* dfch = la.fch_gelu;
+        be->matmul_backward(be, dfch, GP(m, GPT2_FCPROJW, l),
                             fcproj_bias_summed ? NULL : GP(m, GPT2_FCPROJB, l), a.dres, la.fch_gelu,
                             P(m, W, GPT2_FCPROJW, l), la.fch, (int)BT, (int)(4 * C), (int)C);
         NEED_G(l, GPT2_FCW, GPT2_FCB);
-        be->matmul_backward(be, a.dbtc, GP(m, GPT2_FCW, l), GP(m, GPT2_FCB, l), a.dfch, la.ln2,
+        be->matmul_backward(be, a.dbtc, GP(m, GPT2_FCW, l), GP(m, GPT2_FCB, l), dfch, la.ln2,
                             P(m, W, GPT2_FCW, l), NULL, (int)BT, (int)C, (int)(4 * C));
         /* from here dres is the gradient of res2 (= res_in + attproj): its
          * column sums, summed as ln2's backward writes it, are the attproj

@@ -532,6 +532,8 @@ void cuda_matmul_backward_weight(Backend* be, void* dw, const void* dout, int ld
 void cuda_matmul_backward(Backend* be, void* dinp, void* dw, void* dbias, const void* dout, const void* inp,
                           const void* w, const void* pre_gelu, int N, int C, int OC) {
     if (N == 0 || C == 0 || OC == 0) return;
+    /* dw += dout^T inp (skipped when dw is NULL), first: dinp may be inp */
+    if (dw) cuda_matmul_backward_weight(be, dw, dout, OC, inp, N, C, OC);
     /* dinp = dout @ w (overwrite), with the GELU backward fused when asked;
      * skipped when dinp is NULL */
     if (dinp) {
@@ -545,9 +547,8 @@ void cuda_matmul_backward(Backend* be, void* dinp, void* dw, void* dbias, const 
             if (pre_gelu) cuda_gelu_backward(be, dinp, pre_gelu, dinp, (size_t)N * C);
         }
     }
-    /* dw += dout^T inp (skipped when dw is NULL). dbias by our column-sum
-     * kernel: cuBLASLt's BGRADB epilogue (tried 2026-12-02) made the dW GEMM
-     * slower than GEMM + column sum, and it overwrites. */
-    if (dw) cuda_matmul_backward_weight(be, dw, dout, OC, inp, N, C, OC);
+    /* dbias by our column-sum kernel: cuBLASLt's BGRADB epilogue (tried
+     * 2026-12-02) made the dW GEMM slower than GEMM + column sum, and it
+     * overwrites. */
     if (dbias) cuda_bias_colsum_add(be, dbias, dout, N, OC);
 }
