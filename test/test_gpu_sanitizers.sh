@@ -16,7 +16,11 @@
 #    to handle a hardware exception" — so they are filtered from the report
 #    instead.) The kernel tests (test_kernels_gpu) under racecheck take over
 #    4 minutes, so they are not part of this suite; run them by hand with
-#    `compute-sanitizer --tool racecheck build/test_kernels_gpu`.
+#    `compute-sanitizer --tool racecheck build/test_kernels_gpu`. The GEMM
+#    choice (every heuristic candidate run four times on a configuration's
+#    first call) is switched off under racecheck (GPT2_CUDA_GEMM_TUNE=0): it
+#    only adds cuBLAS runs, and made the suite several minutes longer;
+#    memcheck runs it.
 #  SANITIZER_TOOLS="memcheck racecheck" (default) selects the tools.
 source "$(dirname "$0")/lib.sh"
 cd "$(dirname "$0")/.."
@@ -49,7 +53,7 @@ fi
 # must be none at all (allow_cublas=0).
 racecheck() {
     local name="$1" allow_cublas="$2"; shift 2
-    compute-sanitizer --tool racecheck --print-limit 1000 "$@" >"$TMP/$name.txt" 2>&1
+    GPT2_CUDA_GEMM_TUNE=0 compute-sanitizer --tool racecheck --print-limit 1000 "$@" >"$TMP/$name.txt" 2>&1
     local rc=$?
     local summary; summary=$(grep "RACECHECK SUMMARY" "$TMP/$name.txt")
     echo "    $name: ${summary:-no summary} (program exit $rc)"
