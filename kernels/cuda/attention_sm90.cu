@@ -19,11 +19,13 @@
  * fragment layout), and the operands that stay the same over a block's loop
  * (Q; K and V; Q and dO) loaded once with ldmatrix before it. In the
  * backward the products are committed in groups and waited for one group at
- * a time, so that P is computed while dP runs and dS while dV runs.
+ * a time, so that P is computed while dP runs and dS while dV runs, and a
+ * tile's last product (dK, dQ) is issued with the next tile's first ones.
  *
  * A block is two warpgroups (256 threads); warpgroup w owns 64 rows (queries
  * in the forward and dQ kernels, keys in dK/dV) and the two share the tiles
- * of the other side, 64 rows each, double-buffered. Each warp holds 16 rows:
+ * of the other side, 64 rows each (two stages in the forward, three in the
+ * backward). Each warp holds 16 rows:
  * lane (g = lane/4, t = lane%4) holds rows g and g+8, columns 8j + 2t, +1.
  *
  * Asked for the qkv bias gradient, the backward kernels also sum the
