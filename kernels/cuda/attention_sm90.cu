@@ -241,6 +241,17 @@ __device__ __forceinline__ void mma_pb(float (&d)[32], const uint32_t (&a)[4][4]
     for (int kc = 0; kc < 4; kc++) mma_rs<1>(d, a[kc], db + kc * KSTEP_MN, 1);
 }
 
+/* d += A * tile b now: a backward kernel's last deferred product (dK, dQ),
+ * issued and waited for */
+__device__ __forceinline__ void mma_pb_wait(float (&d)[32], uint32_t (&a)[4][4], uint32_t b) {
+    wg_fence();
+    mma_pb(d, a, b);
+    wg_commit();
+    wg_wait0();
+    reg_fence(d);
+    reg_fence(a);
+}
+
 /* ---- the qkv bias gradient's column sums (the backward's epilogues) ---- */
 /* cs[2j + e] += the two bf16 of v (as pack_bf16 made them), columns 8j + 2t
  * + e of this thread's fragment: exactly the values stored */
@@ -559,15 +570,8 @@ __global__ void __launch_bounds__(NT, 1)
             pend_st = cur;
         }
     }
-    if (pend) {
-        wg_fence();
-        mma_pb(dk, da, sQ + pend_st * TILE); /* the last tile's dK */
-        wg_commit();
-        wg_wait0();
-        reg_fence(dk);
-        reg_fence(da);
-    }
-    float cs[2][16]; /* BIAS: sums of this thread's stored rows of dK, dV */
+    if (pend) mma_pb_wait(dk, da, sQ + pend_st * TILE); /* the last tile's dK */
+    float cs[2][16];                                    /* BIAS: sums of this thread's stored rows of dK, dV */
     if constexpr (BIAS) {
 #pragma unroll
         for (int i = 0; i < 16; i++) cs[0][i] = cs[1][i] = 0.0f;
@@ -699,15 +703,8 @@ __global__ void __launch_bounds__(NT)
             pend_st = cur;
         }
     }
-    if (pend) {
-        wg_fence();
-        mma_pb(dq, da, sK + pend_st * TILE); /* the last tile's dQ */
-        wg_commit();
-        wg_wait0();
-        reg_fence(dq);
-        reg_fence(da);
-    }
-    float cs[1][16]; /* BIAS: sums of this thread's stored rows of dQ */
+    if (pend) mma_pb_wait(dq, da, sK + pend_st * TILE); /* the last tile's dQ */
+    float cs[1][16];                                    /* BIAS: sums of this thread's stored rows of dQ */
     if constexpr (BIAS) {
 #pragma unroll
         for (int i = 0; i < 16; i++) cs[0][i] = 0.0f;
