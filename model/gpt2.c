@@ -852,8 +852,9 @@ void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx) {
                                   P(m, W, GPT2_LN2B, l), (int)BT, (int)C);
         /* MLP: dres is the gradient of res3 (= res2 + fcproj). Its column
          * sums, the fcproj bias gradient, came from the layernorm backward
-         * that wrote it (the next layer's ln1, or lnf); only where dres came
-         * from the next pipeline stage does the matmul sum them. */
+         * that wrote it (the next layer's ln1, or lnf); only in a model
+         * chunk's last layer without the head, where dres came from the
+         * next pipeline stage, does the matmul sum them. */
         const int fcproj_bias_summed = j < nl - 1 || pt->has_head;
         /* The gradient of the fc pre-activation overwrites the GELU output
          * it is computed from: the fcproj dW, its only other reader, comes

@@ -924,6 +924,24 @@ static void test_matmul_case(Ctx* cx, int N, int C, int OC, int has_bias, int ge
     if (!has_bias)
         CHECK(memcmp(o + 2 * no + ni + nw, s.db0, sizeof(float) * OC) == 0, "dbias written with dbias NULL");
     check_determinism(be, "matmul", mm_run, &s, nout);
+    { /* dinp may be inp (dW is computed first): the bits of separate buffers */
+        float* x = falloc(ni);
+        float* dw2 = falloc(nw);
+        float* db2 = falloc(OC);
+        memcpy(x, s.inp, sizeof(float) * ni);
+        memcpy(dw2, s.dw0, sizeof(float) * nw);
+        memcpy(db2, s.db0, sizeof(float) * OC);
+        be->matmul_backward(be, x, dw2, has_bias ? db2 : NULL, s.dout, x, s.w, gelu_bwd ? s.pre_prev : NULL, N,
+                            C, OC);
+        CHECK(memcmp(x, o + 2 * no, sizeof(float) * ni) == 0 &&
+                  memcmp(dw2, o + 2 * no + ni, sizeof(float) * nw) == 0 &&
+                  memcmp(db2, o + 2 * no + ni + nw, sizeof(float) * OC) == 0,
+              "matmul N=%d C=%d OC=%d: matmul_backward with dinp == inp differs from separate buffers", N, C,
+              OC);
+        free(x);
+        free(dw2);
+        free(db2);
+    }
     /* every GEMM micro-kernel this CPU runs: the same bits (cpu_gemm.h) */
     static const char* const kernels[] = {"avx512", "avx2", "portable"};
     float* o2 = falloc(nout);

@@ -442,12 +442,14 @@ static void t_matmul(Ctx* cx, int N, int C, int OC, int use_bias, int use_gelu) 
     float* db0 = use_bias ? rand_x(cx, OC, 1.0f) : NULL;
     void* dg = up_x(cx, g, no);
     void* dpre_in = use_gelu ? up_x(cx, pre, ni) : NULL;
-    void *gi[2], *gw[2], *gb[2] = {NULL, NULL};
-    for (int r = 0; r < 2; r++) {
-        gi[r] = poisoned(cx, ni * xs(cx));
+    /* runs 0 and 1 into fresh buffers; run 2 in place, dinp over a copy of
+     * inp (dW comes first, so dinp may be inp) */
+    void *gi[3], *gw[3], *gb[3] = {NULL, NULL, NULL};
+    for (int r = 0; r < 3; r++) {
+        gi[r] = r < 2 ? poisoned(cx, ni * xs(cx)) : up_x(cx, inp, ni);
         gw[r] = up_x(cx, dw0, nw);
         if (use_bias) gb[r] = up_x(cx, db0, OC);
-        cx->g->matmul_backward(cx->g, gi[r], gw[r], gb[r], dg, dinp, dw, dpre_in, N, C, OC);
+        cx->g->matmul_backward(cx->g, gi[r], gw[r], gb[r], dg, r < 2 ? dinp : gi[r], dw, dpre_in, N, C, OC);
     }
     float* ri = falloc(ni);
     fill_normal(cx, ri, ni, 1.0f); /* garbage: must be overwritten */
@@ -471,6 +473,9 @@ static void t_matmul(Ctx* cx, int N, int C, int OC, int use_bias, int use_gelu) 
     check_same(cx, "matmul_backward twice: dinp, dw, dbias",
                same_bits(cx, gi[0], gi[1], ni * xs(cx)) && same_bits(cx, gw[0], gw[1], nw * xs(cx)) &&
                    (!use_bias || same_bits(cx, gb[0], gb[1], OC * xs(cx))));
+    check_same(cx, "matmul_backward with dinp == inp: dinp, dw, dbias",
+               same_bits(cx, gi[0], gi[2], ni * xs(cx)) && same_bits(cx, gw[0], gw[2], nw * xs(cx)) &&
+                   (!use_bias || same_bits(cx, gb[0], gb[2], OC * xs(cx))));
     free(ri);
     free(rw);
     free(rb);
@@ -628,6 +633,7 @@ static void t_attention_cases(Ctx* cx) {
     t_attention(cx, 2, 64, 128, 2);
     t_attention(cx, 1, 130, 128, 2);
     t_attention(cx, 1, 100, 96, 3);
+    t_attention(cx, 1, 100, 128, 2); /* head size 64, T < 128: one block, its second 64-row tile partial */
     t_attention(cx, 1, 77, 256, 2);
     t_attention(cx, 1, 200, 64, 1);
     t_attention(cx, 2, 1024, 768, 12);

@@ -423,10 +423,11 @@ def params_of(L, C, T):
 
 def acts_of(L, C, NH, B, T, es):
     # model/gpt2.c acts_layout, recompute 0: per layer 16 BTC (ln1 1, qkv 3, atty 1, res2 1, ln2 1,
-    # fch 4, fch_gelu 4, res3 1), shared 13 BTC (encoded, attproj, fcproj, lnf, dres, dbtc, dqkv 3,
-    # dfch 4), logits BT Vp; fp32 stats: 4 L BT (layernorms) + L BT NH (lse) + 3 BT; inputs/targets
+    # fch 4, fch_gelu 4, res3 1), shared 9 BTC (encoded, attproj, fcproj, lnf, dres, dbtc, dqkv 3;
+    # the fc gradient goes into fch_gelu), logits BT Vp; fp32 stats: 4 L BT (layernorms) + L BT NH
+    # (lse) + 3 BT; inputs/targets
     BT = B * T
-    return es * BT * C * (16 * L + 13) + es * BT * VP + 4 * BT * (4 * L + L * NH + 3) + 8 * BT
+    return es * BT * C * (16 * L + 9) + es * BT * VP + 4 * BT * (4 * L + L * NH + 3) + 8 * BT
 
 
 def gib(x):
@@ -759,7 +760,7 @@ def part_e(o):
     o.append(f"GPU memory {gib(c['mem'])}{' (pretend, smoke)' if SMOKE else ''}; N = {N}; B 1, T {c['T']}. "
              f"Params of dN (L = N, C = 64N, 50304-row tied embedding, T-row position embedding): "
              "P = 50304 C + T C + L (12 C^2 + 13 C) + 2 C. Activations as model/gpt2.c lays them out "
-             f"({c['es']}-byte elements): (16 L + 13) B T C + B T 50304 + fp32 statistics. "
+             f"({c['es']}-byte elements): (16 L + 9) B T C + B T 50304 + fp32 statistics. "
              f"zero_stage 0 needs {c['b0']:g} P + activations; zero_stage 1 needs {c['b1']:.2f} P + activations "
              f"+ {gib(c['over'])} (CUDA context, NCCL, workspaces), which must stay within "
              f"{c['margin']:.0%} of the GPU. Candidates meeting both: "
