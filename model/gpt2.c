@@ -806,6 +806,18 @@ static void embeddings_backward(GPT2* m, const Acts* a, gpt2_ready_fn ready, voi
     }
 }
 
+/* A layernorm backward that writes dres leaves it the gradient of res3 of
+ * the part's layer j (the layer below it), and res3 = res2 + fcproj: the
+ * column sums of dres are that layer's fcproj bias gradient, which the
+ * layernorm sums as it writes (dsum). Its gradient buffer, or NULL when the
+ * layer is not in this part (j < 0). */
+static void* fcproj_bias_grad_below(GPT2* m, int j) {
+    if (j < 0) return NULL;
+    const int l = m->part.layer_first + j;
+    NEED_G(l, GPT2_FCPROJB, -1);
+    return GP(m, GPT2_FCPROJB, l);
+}
+
 void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx) {
     Backend* be = m->be;
     const GPT2Config* c = &m->cfg;
@@ -829,12 +841,9 @@ void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx) {
                             (int)C, c->padded_vocab_size);
         be->zero(be, a.dres, BT * C * dtype_size(be->dtype));
         layer_acts(m, &a, nl - 1, &la);
-        /* the layernorm also sums the columns of the dres it writes: the
-         * last layer's fcproj bias gradient */
         NEED_G(-1, GPT2_LNFW, GPT2_LNFB);
-        NEED_G(l0 + nl - 1, GPT2_FCPROJB, -1);
         be->layernorm_backward(be, a.dres, GP(m, GPT2_LNFW, -1), GP(m, GPT2_LNFB, -1),
-                               GP(m, GPT2_FCPROJB, l0 + nl - 1), a.dbtc, la.res3, P(m, W, GPT2_LNFW, -1),
+                               fcproj_bias_grad_below(m, nl - 1), a.dbtc, la.res3, P(m, W, GPT2_LNFW, -1),
                                a.lnf_mean, a.lnf_rstd, (int)BT, (int)C);
         if (ready) {
             ready(ctx, gpt2_tensor(m, GPT2_LNFW, -1)->layout_index);
@@ -890,14 +899,11 @@ void gpt2_backward(GPT2* m, gpt2_ready_fn ready, void* ctx) {
                                   P(m, W, GPT2_LN1B, l), (int)BT, (int)C);
         be->matmul_backward(be, a.dbtc, GP(m, GPT2_QKVW, l), NULL, a.dqkv, la.ln1, P(m, W, GPT2_QKVW, l), NULL,
                             (int)BT, (int)C, (int)(3 * C));
-        /* dres becomes the gradient of res_in, the previous layer's res3: its
-         * column sums are that layer's fcproj bias gradient, if the layer is
-         * in this part */
+        /* dres becomes the gradient of res_in, the previous layer's res3 */
         NEED_G(l, GPT2_LN1W, GPT2_LN1B);
-        if (j > 0) NEED_G(l - 1, GPT2_FCPROJB, -1);
         be->layernorm_backward(be, a.dres, GP(m, GPT2_LN1W, l), GP(m, GPT2_LN1B, l),
-                               j > 0 ? GP(m, GPT2_FCPROJB, l - 1) : NULL, a.dbtc, la.res_in,
-                               P(m, W, GPT2_LN1W, l), la.ln1_mean, la.ln1_rstd, (int)BT, (int)C);
+                               fcproj_bias_grad_below(m, j - 1), a.dbtc, la.res_in, P(m, W, GPT2_LN1W, l),
+                               la.ln1_mean, la.ln1_rstd, (int)BT, (int)C);
         mark_layer(m, l, ready, ctx);
     }
     /* dres is now the gradient of the part's input (the pipeline sends it back) */
