@@ -739,7 +739,8 @@ __global__ void attn_bwd_dkdv_generic(T* dqkv, const T* dout, const T* qkv, cons
  * or 128 own rows a block), the fastest measured (docs/CUDA.md). The
  * environment variable GPT2_CUDA_ATTN="fwd,dkdv,dq" overrides it for
  * benchmarking and tests: each 4 or 8 (mma.sync warps) or w (wgmma; head
- * size 64 only, other head sizes then take the default warps). */
+ * size 64 only, other head sizes then take the default warps; one wgmma
+ * kernel computes dK, dV and dQ, so the second and third are w together). */
 template <int HS, int NW> static void attn_set_smem() {
     CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_mma<HS, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)fwd_smem<HS, NW>()));
@@ -770,6 +771,8 @@ void cuda_attention_init(Backend* be) {
             else if (!strcmp(f[k], "4") || !strcmp(f[k], "8")) c->attn_nw[k] = f[k][0] - '0';
             else fatal("GPT2_CUDA_ATTN='%s': '%s' is not 4, 8 (warps a block) or w (wgmma)", env, f[k]);
         }
+        if ((c->attn_nw[1] == 0) != (c->attn_nw[2] == 0))
+            fatal("GPT2_CUDA_ATTN='%s': w for dK/dV and dQ go together (one wgmma kernel computes both)", env);
     }
     attn_set_smem<64, 4>();
     attn_set_smem<64, 8>();
@@ -867,9 +870,15 @@ void cuda_attention_backward(Backend* be, void* dqkv, void* dbias, const void* d
      * and free the first one's buffer */
     const size_t dbytes = (rows * sizeof(float) + 255) & ~(size_t)255;
     const size_t pbytes = fused_bias ? (size_t)B * nblk * 3 * C * sizeof(float) : 0;
-    char* scratch = (char*)cuda_scratch(be, dbytes + pbytes);
+    /* the wgmma kernel's fp32 dQ accumulator and turn counters */
+    const bool sm90 = mma && HS == 64 && nw1 == 0;
+    const size_t abytes = sm90 ? rows * 64 * sizeof(float) : 0;
+    const size_t tbytes = sm90 ? ((size_t)B * NH * ((T + 63) / 64) + 1) * sizeof(int) : 0;
+    char* scratch = (char*)cuda_scratch(be, dbytes + pbytes + abytes + tbytes);
     float* Dbuf = (float*)scratch;
     float* partial = fused_bias ? (float*)(scratch + dbytes) : nullptr;
+    float* dqacc = (float*)(scratch + dbytes + pbytes);
+    int* turn = (int*)(scratch + dbytes + pbytes + abytes);
     const bool vec = be->dtype == DTYPE_BF16 && aligned16(dout) && aligned16(out);
     if (vec && HS == 64)
         attn_bwd_pre_vec<8>
@@ -890,8 +899,7 @@ void cuda_attention_backward(Backend* be, void* dqkv, void* dbias, const void* d
         bf16* dq = (bf16*)dqkv;
         float sl2 = scale * LOG2E;
         if (HS == 64) {
-            if (nw1 == 0 || nw2 == 0)
-                attn_sm90_backward(st, dq, partial, d, q, lse, Dbuf, B, T, NH, sl2, scale, nw1 == 0, nw2 == 0);
+            if (sm90) attn_sm90_backward(st, dq, partial, dqacc, turn, d, q, lse, Dbuf, B, T, NH, sl2, scale);
             if (nw1 == 8) attn_dkdv_launch<64, 8>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
             else if (nw1 == 4) attn_dkdv_launch<64, 4>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
             if (nw2 == 8) attn_dq_launch<64, 8>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);

@@ -1,9 +1,10 @@
 /* kernels/cuda/attention_sm90.cu — causal attention for Hopper (sm_90a),
- * bf16, head size 64: the same algorithm as attention.cu's tensor-core
- * kernels (flash forward with online softmax; backward as D = rowsum(dO*O),
- * a dK/dV kernel per key block and a dQ kernel per query block, each output
- * written once: deterministic), with the matrix products on warpgroup MMA
- * (wgmma, m64n64k16, bf16 in, fp32 accumulate).
+ * bf16, head size 64: flash forward with online softmax, as attention.cu's
+ * tensor-core kernels; the backward (after D = rowsum(dO*O)) in one pass,
+ * a block per key block computing dK, dV and its share of each query
+ * tile's dQ, the shares added in a fixed order (deterministic); the matrix
+ * products on warpgroup MMA (wgmma, m64n64k16 and m64n32k16, bf16 in, fp32
+ * accumulate).
  *
  * Shared-memory tiles: rows of 64 bf16 = 128 bytes, stored with the 128-byte
  * swizzle that wgmma reads (16-byte chunk c of row r at chunk c ^ (r & 7),
@@ -12,24 +13,27 @@
  *  - K-major (the reduction runs along the row: Q, K, V, dO as A or B of
  *    S = Q K^T, dP = dO V^T): k-step kk starts 32 bytes further on;
  *  - MN-major (the reduction runs down the rows: V in O += P V, dO in
- *    dV += P^T dO, Q in dK += dS^T Q, K in dQ += dS K): the B operand is
- *    read transposed, k-step kk (16 rows) starts 2048 bytes further on.
- * The A operand is always in registers: P and dS straight from the
+ *    dV += P^T dO, Q in dK += dS^T Q; dS^T and K in dQ += dS K): the
+ *    operand is read transposed, k-step kk (16 rows) starts 2048 bytes
+ *    further on.
+ * The A operand is in registers but in dQ: P and dS straight from the
  * accumulators (the m64n64 accumulator layout, rounded to bf16, is the A
  * fragment layout), and the operands that stay the same over a block's loop
- * (Q; K and V; Q and dO) loaded once with ldmatrix before it. In the
- * backward the products are committed in groups and waited for one group at
- * a time, so that P is computed while dP runs and dS while dV runs, and a
- * tile's last product (dK, dQ) is issued with the next tile's first ones.
+ * (Q; K and V) loaded once with ldmatrix before it. dQ's share needs dS
+ * with queries as rows, so dS^T goes to shared memory (stmatrix) and is read
+ * transposed. In the backward the products are committed in groups and
+ * waited for one group at a time, so that P is computed while dP runs and dS
+ * while dV runs, and a tile's dK product is issued with the next tile's
+ * first ones.
  *
  * A block is two warpgroups (256 threads); warpgroup w owns 64 rows (queries
- * in the forward and dQ kernels, keys in dK/dV) and the two share the tiles
- * of the other side, 64 rows each (two stages in the forward, three in the
+ * in the forward, keys in the backward) and the two share the tiles of the
+ * other side, 64 rows each (two stages in the forward, three in the
  * backward). Each warp holds 16 rows:
  * lane (g = lane/4, t = lane%4) holds rows g and g+8, columns 8j + 2t, +1.
  *
- * Asked for the qkv bias gradient, the backward kernels also sum the
- * columns of what they store (the bf16 values as written) over the block's
+ * Asked for the qkv bias gradient, the backward kernel also sums the
+ * columns of what it stores (the bf16 values as written) over the block's
  * rows, in a fixed order, into one row per block of a partial buffer that
  * attention.cu then sums in a fixed order: dqkv is not read again for it.
  *
@@ -236,7 +240,7 @@ __device__ __forceinline__ void mma_pb(float (&d)[32], const uint32_t (&a)[4][4]
     for (int kc = 0; kc < 4; kc++) mma_rs<1>(d, a[kc], db + kc * KSTEP_MN, 1);
 }
 
-/* d += A * tile b now: a backward kernel's last deferred product (dK, dQ),
+/* d += A * tile b now: the backward's last deferred product (dK),
  * issued and waited for */
 __device__ __forceinline__ void mma_pb_wait(float (&d)[32], uint32_t (&a)[4][4], uint32_t b) {
     wg_fence();
@@ -245,6 +249,63 @@ __device__ __forceinline__ void mma_pb_wait(float (&d)[32], uint32_t (&a)[4][4],
     wg_wait0();
     reg_fence(d);
     reg_fence(a);
+}
+
+/* ---- the one-pass backward's dQ (attn_bwd_sm90) ---- */
+/* the 16 accumulator operands of an m64n32 wgmma */
+#define WG_D16(C)                                                                                       \
+    C(d[0]), C(d[1]), C(d[2]), C(d[3]), C(d[4]), C(d[5]), C(d[6]), C(d[7]), C(d[8]), C(d[9]), C(d[10]), \
+        C(d[11]), C(d[12]), C(d[13]), C(d[14]), C(d[15])
+#define WG_REGS16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+
+/* d (64x32, fp32) [+]= A (64x16) * B (16x32), both from shared memory and
+ * both MN-major: A stored as 16 rows of k, 64 columns of m; B as 16 rows
+ * of k, 32 columns of n (half of a 64-column swizzled tile: its descriptor
+ * starts 64 bytes into the row for the upper half). FIRST: d written only. */
+template <bool FIRST> __device__ __forceinline__ void mma_ss_tt_n32(float (&d)[16], uint64_t a, uint64_t b) {
+    if constexpr (FIRST)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " WG_REGS16
+                     ", %16, %17, p, 1, 1, 1, 1;\n}\n"
+                     : WG_D16("=f")
+                     : "l"(a), "l"(b));
+    else
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " WG_REGS16
+                     ", %16, %17, p, 1, 1, 1, 1;\n}\n"
+                     : WG_D16("+f")
+                     : "l"(a), "l"(b));
+}
+__device__ __forceinline__ void reg_fence(float (&d)[16]) {
+#pragma unroll
+    for (int i = 0; i < 16; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+/* the inverse of load_frags: this warp's 16 rows of A fragments (the
+ * accumulator layout, rounded to bf16) into a swizzled 64-row tile */
+__device__ __forceinline__ void store_frags(uint32_t tile, const uint32_t (&a)[4][4], int warp, int lane) {
+    const int r = warp * 16 + (lane & 15);
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++)
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                         tile + sw128(r, 2 * kk + (lane >> 4))),
+                     "r"(a[kk][0]), "r"(a[kk][1]), "r"(a[kk][2]), "r"(a[kk][3])
+                     : "memory");
+}
+/* the order tokens of the dQ accumulation: a counter per (head, query
+ * tile), read with acquire and passed on with release (GPU scope) */
+__device__ __forceinline__ int ld_acquire(const int* p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void st_release(int* p, int v) {
+    asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void spin_until(const int* p, int v) {
+    while (ld_acquire(p) != v) __nanosleep(64);
+}
+__device__ __forceinline__ void red_add2(float* p, float x, float y) {
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(x), "f"(y) : "memory");
 }
 
 /* ---- the qkv bias gradient's column sums (the backward's epilogues) ---- */
@@ -309,15 +370,12 @@ __device__ __forceinline__ void block_colsum(float (&cs)[NQ][16], float* red, fl
 } // namespace
 #endif
 
-/* The backward kernels keep three stages of the tiles they walk: the loads
- * for tile i + 1 go into the stage that tile i - 2 used, whose MMAs are known
- * to be complete, so that a tile's last MMA (dK, dQ) runs on into the next
- * tile's first ones instead of being waited for before the barrier. */
+/* The backward keeps three stages of the tiles it walks: the loads for tile
+ * i + 1 go into the stage that tile i - 2 used, whose MMAs are known to be
+ * complete, so that a tile's dK MMA runs on into the next tile's first ones
+ * instead of being waited for before the barrier. */
 static constexpr int NSTAGE = 3;
-constexpr size_t SM90_SMEM_FWD = 1024 + 2 * TILE + 4 * TILE;         /* Q[128], K[2][64], V[2][64] */
-constexpr size_t SM90_SMEM_DQ = 1024 + 4 * TILE + 2 * NSTAGE * TILE; /* Q, dO [128]; K, V [3][64] */
-constexpr size_t SM90_SMEM_DKDV =
-    1024 + 4 * TILE + 2 * NSTAGE * TILE + 2 * NSTAGE * 64 * 4; /* K, V [128]; Q, dO [3][64]; lse, D [3][64] */
+constexpr size_t SM90_SMEM_FWD = 1024 + 2 * TILE + 4 * TILE; /* Q[128], K[2][64], V[2][64] */
 
 /* ------------------------------------------------------------------------ */
 /* forward: a block per (128 queries, b, h), walking key tiles 0 .. diagonal */
@@ -432,23 +490,47 @@ __global__ void __launch_bounds__(NT)
 }
 
 /* ------------------------------------------------------------------------ */
-/* backward dK, dV: a block per (128 keys, b, h), walking query tiles from    */
-/* the diagonal to the end. BIAS: also the column sums of the dK and dV it    */
-/* stores, into partial row b * gridDim.x + kb, columns C + h*64 .. and       */
-/* 2C + h*64 .. (BIAS false: no sums, no extra work)                         */
+/* backward: a block per (128 keys, b, h), walking query tiles from the      */
+/* diagonal to the end: dK and dV of its keys, and each query tile's share   */
+/* of dQ from its keys, dS K (five products a tile, where a dK/dV pass and a */
+/* dQ pass recompute S and dP: seven). A query tile's shares are added in a  */
+/* fixed order, the highest key block first, in an fp32 accumulator dqacc   */
+/* ([B*NH][T][64]): the first share is stored, the middle ones added, and    */
+/* key block 0's, always the last, is added to what it reads back, scaled    */
+/* and stored in bf16. A counter per (head, query tile), its turn, says how  */
+/* many shares are in; a block waits until it is its share's. BIAS: the      */
+/* column sums of dK and dV, and of dQ (key block 0's, over all the queries) */
 /* ------------------------------------------------------------------------ */
+static constexpr int ACC_LD = 72; /* the accumulator tile's rows in shared memory: 64 floats + 8 (banks) */
+constexpr size_t SM90_SMEM_BWD = 1024 + 4 * TILE + 2 * NSTAGE * TILE + 2 * TILE + 64 * ACC_LD * 4 +
+                                 2 * NSTAGE * 64 * 4; /* K, V [128]; Q, dO [3][64]; dS^T [128]; acc; lse, D */
+
 template <bool BIAS>
 __global__ void __launch_bounds__(NT, 1)
-    attn_bwd_dkdv_sm90(bf16* dqkv, float* partial, const bf16* dout, const bf16* qkv, const float* lse,
-                       const float* Dbuf, int T, int NH, float sl2, float scale) {
+    attn_bwd_sm90(bf16* dqkv, float* partial, float* dqacc, int* turn, const bf16* dout, const bf16* qkv,
+                  const float* lse, const float* Dbuf, int T, int NH, float sl2, float scale) {
 #ifdef ATTN_SM90
     const uint32_t sK = smem_base(), sV = sK + 2 * TILE, sQ = sV + 2 * TILE, sO = sQ + NSTAGE * TILE;
-    const uint32_t sL = sO + NSTAGE * TILE, sDv = sL + NSTAGE * 64 * 4; /* lse, D: [NSTAGE][64] floats */
+    const uint32_t sS = sO + NSTAGE * TILE; /* dS^T of the tile: [128 keys][64 queries], a tile a warpgroup */
+    const uint32_t sA = sS + 2 * TILE;      /* key block 0: the accumulator's tile, [64][ACC_LD] floats */
+    const uint32_t sL = sA + 64 * ACC_LD * 4, sDv = sL + NSTAGE * 64 * 4; /* lse, D: [NSTAGE][64] floats */
     extern __shared__ __align__(1024) unsigned char smraw[];
     const float* lse_s = (const float*)(smraw + (sL - smem_addr(smraw)));
     const float* D_s = (const float*)(smraw + (sDv - smem_addr(smraw)));
-    const int kb = blockIdx.x; /* low key blocks have the most work: first */
-    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    const float* acc_s = (const float*)(smraw + (sA - smem_addr(smraw)));
+    const int nkb = gridDim.x, nqb = (T + 63) / 64;
+    /* The block's work in the order blocks start (a ticket from a counter
+     * after the turn counters): a head's key blocks from the last to the
+     * first. A block waits only for the head's next key block, whose ticket
+     * is smaller, so it has started, and it waits only for blocks with
+     * smaller tickets still: every wait ends, whatever order the GPU starts
+     * blocks in. */
+    __shared__ int ticket_s;
+    if (threadIdx.x == 0) ticket_s = atomicAdd(turn + (size_t)gridDim.y * nqb, 1);
+    __syncthreads();
+    const int ticket = ticket_s;
+    const int kb = nkb - 1 - ticket % nkb;
+    const int bh = ticket / nkb, b = bh / NH, h = bh % NH;
     const int C = NH * HS, C3 = 3 * C;
     const bf16* base = qkv + (size_t)b * T * C3 + h * HS;
     const bf16* obase = dout + (size_t)b * T * C + h * HS;
@@ -456,16 +538,13 @@ __global__ void __launch_bounds__(NT, 1)
     const float* D_bh = Dbuf + (size_t)bh * T;
     const int wg = warpgroup(), warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
     const int g = lane >> 2, t4 = lane & 3;
-    const int k0 = kb * 128, kw = k0 + wg * 64; /* block's and warpgroup's first key */
-    const int nqb = (T + 63) / 64;
+    const int k0 = kb * 128, kw = k0 + wg * 64;
     const int qb0 = k0 / 64;
-    const int my_qb0 = kw / 64; /* first query tile this warpgroup needs */
+    const int my_qb0 = kw / 64;
     const int krow = kw + warp * 16 + g;
+    float* acc_bh = dqacc + (size_t)bh * T * 64;
+    int* turn_bh = turn + (size_t)bh * nqb;
 
-    /* query tile qb into stage st: Q, dO, and its lse and D (the rows >= T
-     * read as zeros: with Q and dO rows of zeros their P is 1, but every
-     * product it enters is then 0: dV += P^T dO adds 0, dP^T and so dS^T
-     * are 0) */
     auto load_q_tile = [&](int qb, int st) {
         load_tile<64>(sQ + st * TILE, base, qb * 64, T, C3);
         load_tile<64>(sO + st * TILE, obase, qb * 64, T, C);
@@ -478,7 +557,6 @@ __global__ void __launch_bounds__(NT, 1)
     load_q_tile(qb0, 0);
     cp_commit();
 
-    /* this warpgroup's K and V rows as A fragments, once */
     uint32_t kf[4][4], vf[4][4];
     cp_wait<1>();
     __syncthreads();
@@ -488,21 +566,39 @@ __global__ void __launch_bounds__(NT, 1)
     float dk[32], dv[32];
     zero32(dk);
     zero32(dv);
-    /* A tile's dK product is issued in the next tile's first group, so that
-     * it runs while that tile's P^T is computed: pend says one is due, with
-     * its A fragments in da and its Q tile in stage pend_st (tile i's stage
-     * is next written by the loads for tile i + 3, issued in tile i + 2) */
     uint32_t pa[4][4], da[4][4];
     bool pend = false;
     int pend_st = 0;
+    /* a query tile whose turn this block still has to pass on (the value the
+     * counter then takes), once every thread's adds to it are visible */
+    int rel = -1, rel_val = 0;
+    float csq[8]; /* BIAS, key block 0: sums of this thread's stored dQ (its 8 columns) */
+    if constexpr (BIAS) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) csq[i] = 0.0f;
+    }
+    const bool last = kb == 0; /* key block 0's share is always a query tile's last */
     for (int qb = qb0; qb < nqb; qb++) {
         const int cur = (qb - qb0) % NSTAGE;
-        /* tile qb has landed (its group is the only one outstanding); after
-         * the barrier every warpgroup is done with tile qb - 2 (its last MMA
-         * was waited for in tile qb - 1), whose stage takes tile qb + 1 */
+        const int first = qb >> 1;       /* the key block whose share comes first */
+        const bool lead = kb == first;   /* this block's share is the first */
+        const bool read = last && !lead; /* key block 0 after others: reads the accumulator */
+        /* key block 0 waits for its turn before the tile, so that the
+         * accumulator's tile loads while the tile's MMAs run */
+        if (read && threadIdx.x == 0) spin_until(turn_bh + qb, first);
         cp_wait<0>();
         fence_async_smem();
         __syncthreads();
+        if (read) {
+            for (int i = threadIdx.x; i < 64 * 16; i += NT) {
+                const int r = i >> 4, c = i & 15, t = qb * 64 + r;
+                const bool ok = t < T;
+                asm volatile(
+                    "cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sA + (r * ACC_LD + c * 4) * 4),
+                    "l"(acc_bh + (size_t)(ok ? t : 0) * 64 + c * 4), "r"(ok ? 16 : 0));
+            }
+            cp_commit();
+        }
         if (qb + 1 < nqb) {
             load_q_tile(qb + 1, (qb + 1 - qb0) % NSTAGE);
             cp_commit();
@@ -511,12 +607,7 @@ __global__ void __launch_bounds__(NT, 1)
             const uint32_t Qc = sQ + cur * TILE, Oc = sO + cur * TILE;
             const float* lsec = lse_s + cur * 64;
             const float* Dc = D_s + cur * 64;
-            /* S^T = K_w Q^T and dP^T = V_w dO^T: 64 keys x 64 queries (not
-             * zeroed: the first k-step overwrites) */
             float st[32], dpt[32];
-            /* groups: S^T, dP^T, the previous tile's dK (empty if none),
-             * then dV. P^T is computed while dP^T and dK run, dS^T while dV
-             * runs. */
             wg_fence();
             mma_abt(st, kf, Qc);
             wg_commit();
@@ -524,10 +615,12 @@ __global__ void __launch_bounds__(NT, 1)
             wg_commit();
             if (pend) mma_pb(dk, da, sQ + pend_st * TILE); /* dK += dS^T Q, previous tile */
             wg_commit();
+            /* the previous tile's adds to the accumulator, visible at GPU
+             * scope before its turn is passed on (while the MMAs run) */
+            if (rel >= 0) __threadfence();
             wg_wait<2>();
             reg_fence(st);
             const bool diag = qb == my_qb0;
-            /* this thread's 16 query columns: 8j + 2t4 + e */
             float nl[16], Dq[16];
 #pragma unroll
             for (int j = 0; j < 8; j++) {
@@ -541,7 +634,7 @@ __global__ void __launch_bounds__(NT, 1)
 #pragma unroll
             for (int i = 0; i < 32; i++) {
                 const int e = i & 3;
-                const int qc = (i >> 2) * 8 + 2 * t4 + (e & 1); /* query column in the tile */
+                const int qc = (i >> 2) * 8 + 2 * t4 + (e & 1);
                 float p = ex2(fmaf(st[i], sl2, nl[(i >> 2) * 2 + (e & 1)]));
                 if (diag && krow + (e >> 1) * 8 > qb * 64 + qc) p = 0.0f;
                 st[i] = p; /* P^T */
@@ -561,15 +654,85 @@ __global__ void __launch_bounds__(NT, 1)
             reg_fence(pa);
             reg_fence(da);
             to_frags(da, dpt);
+            store_frags(sS + wg * TILE, da, warp, lane); /* for the dQ share, both warpgroups' keys */
             pend = true;
             pend_st = cur;
+        } else if (rel >= 0) {
+            __threadfence();
+        }
+        fence_async_smem();
+        if (read) {
+            if (qb + 1 < nqb) cp_wait<1>();
+            else cp_wait<0>();
+        }
+        /* a middle share waits for its turn as late as it can */
+        if (!last && !lead && threadIdx.x == 0) spin_until(turn_bh + qb, first - kb);
+        __syncthreads();
+        if (rel >= 0 && threadIdx.x == 0) st_release(turn_bh + rel, rel_val);
+        rel = -1;
+
+        /* this tile's share of dQ: 64 queries x this warpgroup's 32 columns,
+         * over the block's keys that see the tile (the second warpgroup's
+         * from the tile after its diagonal) */
+        const int nks = (qb > qb0 && k0 + 64 < T) ? 8 : 4;
+        float dqs[16];
+        {
+            const uint64_t ad = desc(sS), bd = desc(sK + wg * 64);
+            wg_fence();
+            mma_ss_tt_n32<true>(dqs, ad, bd);
+#pragma unroll
+            for (int kk = 1; kk < 8; kk++)
+                if (kk < nks) mma_ss_tt_n32<false>(dqs, ad + kk * KSTEP_MN, bd + kk * KSTEP_MN);
+            wg_commit();
+            wg_wait0();
+            reg_fence(dqs);
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int tr = warp * 16 + g + r * 8, q = qb * 64 + tr;
+            if (q >= T) continue;
+            const int col = 32 * wg + 2 * t4;
+            float* ap = acc_bh + (size_t)q * 64 + col;
+#pragma unroll
+            for (int jj = 0; jj < 4; jj++) {
+                float x = dqs[4 * jj + 2 * r], y = dqs[4 * jj + 2 * r + 1];
+                if (last) {
+                    if (!lead) {
+                        const float2 o = *reinterpret_cast<const float2*>(acc_s + tr * ACC_LD + col + 8 * jj);
+                        x = o.x + x;
+                        y = o.y + y;
+                    }
+                    const uint32_t q2 = pack_bf16(x * scale, y * scale);
+                    *reinterpret_cast<uint32_t*>(dqkv + ((size_t)b * T + q) * C3 + h * HS + col + 8 * jj) = q2;
+                    if constexpr (BIAS) {
+                        csq[2 * jj] += __uint_as_float(q2 << 16);
+                        csq[2 * jj + 1] += __uint_as_float(q2 & 0xFFFF0000u);
+                    }
+                } else if (lead) {
+                    __stcg(reinterpret_cast<float2*>(ap + 8 * jj), make_float2(x, y));
+                } else {
+                    red_add2(ap + 8 * jj, x, y);
+                }
+            }
+        }
+        if (!last) {
+            rel = qb;
+            rel_val = first - kb + 1;
         }
     }
     if (pend) mma_pb_wait(dk, da, sQ + pend_st * TILE); /* the last tile's dK */
-    float cs[2][16];                                    /* BIAS: sums of this thread's stored rows of dK, dV */
+    if (rel >= 0) {
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) st_release(turn_bh + rel, rel_val);
+    }
+    float cs[3][16]; /* BIAS: sums of this thread's stored rows of dQ (key block 0), dK, dV */
     if constexpr (BIAS) {
 #pragma unroll
-        for (int i = 0; i < 16; i++) cs[0][i] = cs[1][i] = 0.0f;
+        for (int i = 0; i < 16; i++) {
+            cs[0][i] = (i >> 3) == wg ? csq[i & 7] : 0.0f; /* columns 32 wg .. */
+            cs[1][i] = cs[2][i] = 0.0f;
+        }
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -583,146 +746,17 @@ __global__ void __launch_bounds__(NT, 1)
                 const uint32_t v2 = pack_bf16(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
                 *reinterpret_cast<uint32_t*>(dst + 2 * C + j * 8) = v2;
                 if constexpr (BIAS) {
-                    add_bf16x2(cs[0], j, k2);
-                    add_bf16x2(cs[1], j, v2);
+                    add_bf16x2(cs[1], j, k2);
+                    add_bf16x2(cs[2], j, v2);
                 }
             }
         }
     }
     if constexpr (BIAS) {
-        /* Rows >= T add nothing; a warpgroup with no key < T sums zeros, so
-         * every block writes all its 128 columns of partial. The K tile is
-         * free: it was read once, by load_frags before the loop's first
-         * barrier (the MMAs read only the Q and dO stages). */
-        float* red = (float*)(smraw + (sK - smem_addr(smraw)));
-        block_colsum<2>(cs, red, partial + ((size_t)b * gridDim.x + kb) * C3 + C + h * HS, C);
-    }
-#endif
-}
-
-/* ------------------------------------------------------------------------ */
-/* backward dQ: a block per (128 queries, b, h), walking key tiles 0 ..      */
-/* diagonal. BIAS: also the column sums of the dQ it stores, into partial     */
-/* row b * gridDim.x + qb, columns h*64 ..                                    */
-/* ------------------------------------------------------------------------ */
-template <bool BIAS>
-__global__ void __launch_bounds__(NT)
-    attn_bwd_dq_sm90(bf16* dqkv, float* partial, const bf16* dout, const bf16* qkv, const float* lse,
-                     const float* Dbuf, int T, int NH, float sl2, float scale) {
-#ifdef ATTN_SM90
-    const uint32_t sQ = smem_base(), sO = sQ + 2 * TILE, sK = sO + 2 * TILE, sV = sK + NSTAGE * TILE;
-    const int qb = gridDim.x - 1 - blockIdx.x;
-    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-    const int C = NH * HS, C3 = 3 * C;
-    const bf16* base = qkv + (size_t)b * T * C3 + h * HS;
-    const bf16* obase = dout + (size_t)b * T * C + h * HS;
-    const int wg = warpgroup(), warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-    const int g = lane >> 2, t4 = lane & 3;
-    const int q0 = qb * 128, qw = q0 + wg * 64;
-    const int nkb = (min(q0 + 128, T) - 1) / 64 + 1;
-    const int my_nkb = qw < T ? qw / 64 + 1 : 0;
-    const int qrow = qw + warp * 16 + g;
-
-    load_tile<128>(sQ, base, q0, T, C3);
-    load_tile<128>(sO, obase, q0, T, C);
-    cp_commit();
-    load_tile<64>(sK, base + C, 0, T, C3);
-    load_tile<64>(sV, base + 2 * C, 0, T, C3);
-    cp_commit();
-    float lse2[2], Dr[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        int q = qrow + r * 8;
-        lse2[r] = q < T ? lse[(size_t)bh * T + q] * LOG2E : INFINITY;
-        Dr[r] = q < T ? Dbuf[(size_t)bh * T + q] : 0.0f;
-    }
-
-    /* this warpgroup's Q and dO rows as A fragments, once */
-    uint32_t qf[4][4], of[4][4];
-    cp_wait<1>();
-    __syncthreads();
-    load_frags(qf, sQ + wg * TILE, warp, lane);
-    load_frags(of, sO + wg * TILE, warp, lane);
-
-    float dq[32];
-    zero32(dq);
-    /* as dK in dK/dV: a tile's dQ product is issued in the next tile's first
-     * group (pend: one is due, A fragments in da, K tile in stage pend_st) */
-    uint32_t da[4][4];
-    bool pend = false;
-    int pend_st = 0;
-    for (int kb = 0; kb < nkb; kb++) {
-        const int cur = kb % NSTAGE;
-        /* as in dK/dV: tile kb has landed, and tile kb - 2's stage takes
-         * tile kb + 1 */
-        cp_wait<0>();
-        fence_async_smem();
+        /* dS^T's tiles are free once both warpgroups' last dQ MMAs are done */
         __syncthreads();
-        if (kb + 1 < nkb) {
-            const int nx = (kb + 1) % NSTAGE;
-            load_tile<64>(sK + nx * TILE, base + C, (kb + 1) * 64, T, C3);
-            load_tile<64>(sV + nx * TILE, base + 2 * C, (kb + 1) * 64, T, C3);
-            cp_commit();
-        }
-        if (kb < my_nkb) {
-            const uint32_t Kc = sK + cur * TILE;
-            float s[32], dp[32]; /* not zeroed: the first k-step overwrites */
-            /* groups: S, dP, the previous tile's dQ (empty if none); P is
-             * computed while dP and dQ run, dS while dQ runs */
-            wg_fence();
-            mma_abt(s, qf, Kc);
-            wg_commit();
-            mma_abt(dp, of, sV + cur * TILE);
-            wg_commit();
-            if (pend) mma_pb(dq, da, sK + pend_st * TILE); /* dQ += dS K, previous tile */
-            wg_commit();
-            wg_wait<2>();
-            reg_fence(s);
-            const bool diag = kb == my_nkb - 1;
-#pragma unroll
-            for (int i = 0; i < 32; i++) {
-                const int e = i & 3;
-                float p = ex2(fmaf(s[i], sl2, -lse2[e >> 1]));
-                if (diag && kb * 64 + (i >> 2) * 8 + 2 * t4 + (e & 1) > qrow + (e >> 1) * 8) p = 0.0f;
-                s[i] = p;
-            }
-            wg_wait<1>();
-            reg_fence(dp);
-#pragma unroll
-            for (int i = 0; i < 32; i++) dp[i] = s[i] * (dp[i] - Dr[(i >> 1) & 1]); /* dS */
-            wg_wait0();
-            reg_fence(dq);
-            reg_fence(da);
-            to_frags(da, dp);
-            pend = true;
-            pend_st = cur;
-        }
-    }
-    if (pend) mma_pb_wait(dq, da, sK + pend_st * TILE); /* the last tile's dQ */
-    float cs[1][16];                                    /* BIAS: sums of this thread's stored rows of dQ */
-    if constexpr (BIAS) {
-#pragma unroll
-        for (int i = 0; i < 16; i++) cs[0][i] = 0.0f;
-    }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int q = qrow + r * 8;
-        if (q < T) {
-            bf16* dst = dqkv + ((size_t)b * T + q) * C3 + h * HS + 2 * t4;
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const uint32_t q2 = pack_bf16(dq[4 * j + 2 * r] * scale, dq[4 * j + 2 * r + 1] * scale);
-                *reinterpret_cast<uint32_t*>(dst + j * 8) = q2;
-                if constexpr (BIAS) add_bf16x2(cs[0], j, q2);
-            }
-        }
-    }
-    if constexpr (BIAS) {
-        /* as in dK/dV: rows >= T add nothing, every block writes its 64
-         * columns, and the Q tile is free (read once, by load_frags) */
-        extern __shared__ __align__(1024) unsigned char smraw[];
-        float* red = (float*)(smraw + (sQ - smem_addr(smraw)));
-        block_colsum<1>(cs, red, partial + ((size_t)b * gridDim.x + qb) * C3 + h * HS, 0);
+        float* red = (float*)(smraw + (sS - smem_addr(smraw)));
+        block_colsum<3>(cs, red, partial + ((size_t)b * nkb + kb) * C3 + h * HS, C);
     }
 #endif
 }
@@ -750,14 +784,10 @@ bool attn_sm90_init(Backend* be) {
     if (!flag) return false;
     CUDA_CHECK(
         cudaFuncSetAttribute(attn_fwd_sm90, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SM90_SMEM_FWD));
-    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dkdv_sm90<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)SM90_SMEM_DKDV));
-    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dkdv_sm90<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)SM90_SMEM_DKDV));
-    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dq_sm90<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)SM90_SMEM_DQ));
-    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dq_sm90<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)SM90_SMEM_DQ));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_sm90<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)SM90_SMEM_BWD));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_sm90<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)SM90_SMEM_BWD));
     return true;
 }
 
@@ -768,20 +798,12 @@ void attn_sm90_forward(cudaStream_t st, bf16* out, float* lse, const bf16* qkv, 
     LAUNCH_CHECK();
 }
 
-void attn_sm90_backward(cudaStream_t st, bf16* dqkv, float* partial, const bf16* dout, const bf16* qkv,
-                        const float* lse, const float* Dbuf, int B, int T, int NH, float sl2, float scale,
-                        bool dkdv, bool dq) {
-    /* partial's every element comes from one of the two kernels */
-    if (partial && !(dkdv && dq)) fatal("internal: attn_sm90_backward: column sums need both kernels");
+void attn_sm90_backward(cudaStream_t st, bf16* dqkv, float* partial, float* dqacc, int* turn, const bf16* dout,
+                        const bf16* qkv, const float* lse, const float* Dbuf, int B, int T, int NH, float sl2,
+                        float scale) {
+    CUDA_CHECK(cudaMemsetAsync(turn, 0, ((size_t)B * NH * ((T + 63) / 64) + 1) * sizeof(int), st));
     dim3 grid((T + 127) / 128, B * NH);
-    if (dkdv) {
-        auto kern = partial ? attn_bwd_dkdv_sm90<true> : attn_bwd_dkdv_sm90<false>;
-        kern<<<grid, NT, SM90_SMEM_DKDV, st>>>(dqkv, partial, dout, qkv, lse, Dbuf, T, NH, sl2, scale);
-        LAUNCH_CHECK();
-    }
-    if (dq) {
-        auto kern = partial ? attn_bwd_dq_sm90<true> : attn_bwd_dq_sm90<false>;
-        kern<<<grid, NT, SM90_SMEM_DQ, st>>>(dqkv, partial, dout, qkv, lse, Dbuf, T, NH, sl2, scale);
-        LAUNCH_CHECK();
-    }
+    auto kern = partial ? attn_bwd_sm90<true> : attn_bwd_sm90<false>;
+    kern<<<grid, NT, SM90_SMEM_BWD, st>>>(dqkv, partial, dqacc, turn, dout, qkv, lse, Dbuf, T, NH, sl2, scale);
+    LAUNCH_CHECK();
 }

@@ -213,12 +213,14 @@ void cuda_attention_init(Backend* be);
 bool attn_sm90_init(Backend* be);
 void attn_sm90_forward(cudaStream_t st, bf16* out, float* lse, const bf16* qkv, int B, int T, int NH,
                        float sl2);
-/* partial (NULL: none) gets the column sums of what each block writes of
- * dqkv: [B * cdiv(T, 128)][3C] fp32, row b * cdiv(T, 128) + (the block's
- * 128 rows of T), every element written once; it needs dkdv and dq both. */
-void attn_sm90_backward(cudaStream_t st, bf16* dqkv, float* partial, const bf16* dout, const bf16* qkv,
-                        const float* lse, const float* Dbuf, int B, int T, int NH, float sl2, float scale,
-                        bool dkdv, bool dq);
+/* dK, dV and dQ in one kernel. partial (NULL: none) gets the column sums of
+ * what each block writes of dqkv: [B * cdiv(T, 128)][3C] fp32, row
+ * b * cdiv(T, 128) + (the block's 128 keys of T), every element written
+ * once. dqacc ([B*NH][T][64] fp32) and turn ([B*NH*cdiv(T, 64) + 1] ints,
+ * zeroed here) are its scratch. */
+void attn_sm90_backward(cudaStream_t st, bf16* dqkv, float* partial, float* dqacc, int* turn, const bf16* dout,
+                        const bf16* qkv, const float* lse, const float* Dbuf, int B, int T, int NH, float sl2,
+                        float scale);
 void cuda_attention_forward(Backend* be, void* out, float* lse, const void* qkv, int B, int T, int C, int NH);
 void cuda_attention_backward(Backend* be, void* dqkv, void* dbias, const void* dout, const void* qkv,
                              const void* out, const float* lse, int B, int T, int C, int NH);
