@@ -860,18 +860,19 @@ void cuda_attention_backward(Backend* be, void* dqkv, void* dbias, const void* d
     size_t rows = (size_t)B * NH * T;
     const bool mma = use_mma(be, HS, dqkv, qkv, dout);
     int nw1 = cuda_ctx(be)->attn_nw[1], nw2 = cuda_ctx(be)->attn_nw[2];
-    /* The qkv bias gradient: where both backward kernels are the wgmma ones,
-     * their epilogues leave per-block column sums of what they store in
-     * partial ([B * nblk][3C], every element written once), summed in a fixed
-     * order after them; elsewhere a column sum over dqkv after the kernels. */
-    const bool fused_bias = dbias != nullptr && mma && HS == 64 && nw1 == 0 && nw2 == 0;
+    /* The wgmma backward (dK/dV and dQ are w together) and its scratch. The
+     * qkv bias gradient: its epilogue leaves per-block column sums of what it
+     * stores in partial ([B * nblk][3C], every element written once), summed
+     * in a fixed order after it; elsewhere a column sum over dqkv after the
+     * kernels. */
+    const bool sm90 = mma && HS == 64 && nw1 == 0;
+    const bool fused_bias = dbias != nullptr && sm90;
     const int nblk = (T + 127) / 128;
     /* Dbuf and partial from one scratch call: a second call may reallocate
      * and free the first one's buffer */
     const size_t dbytes = (rows * sizeof(float) + 255) & ~(size_t)255;
     const size_t pbytes = fused_bias ? (size_t)B * nblk * 3 * C * sizeof(float) : 0;
     /* the wgmma kernel's fp32 dQ accumulator and turn counters */
-    const bool sm90 = mma && HS == 64 && nw1 == 0;
     const size_t abytes = sm90 ? rows * 64 * sizeof(float) : 0;
     const size_t tbytes = sm90 ? ((size_t)B * NH * ((T + 63) / 64) + 1) * sizeof(int) : 0;
     char* scratch = (char*)cuda_scratch(be, dbytes + pbytes + abytes + tbytes);

@@ -121,9 +121,9 @@ template <int N> __device__ __forceinline__ void wg_wait() {
 __device__ __forceinline__ void wg_wait0() { wg_wait<0>(); }
 /* keeps the compiler from moving accumulator reads or writes across the
  * asynchronous MMA's issue and wait */
-__device__ __forceinline__ void reg_fence(float (&d)[32]) {
+template <int N> __device__ __forceinline__ void reg_fence(float (&d)[N]) {
 #pragma unroll
-    for (int i = 0; i < 32; i++) asm volatile("" : "+f"(d[i])::"memory");
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 /* the A fragments of an MMA are read while it runs: this use after its wait
@@ -276,10 +276,6 @@ template <bool FIRST> __device__ __forceinline__ void mma_ss_tt_n32(float (&d)[1
                      : WG_D16("+f")
                      : "l"(a), "l"(b));
 }
-__device__ __forceinline__ void reg_fence(float (&d)[16]) {
-#pragma unroll
-    for (int i = 0; i < 16; i++) asm volatile("" : "+f"(d[i])::"memory");
-}
 /* the inverse of load_frags: this warp's 16 rows of A fragments (the
  * accumulator layout, rounded to bf16) into a swizzled 64-row tile */
 __device__ __forceinline__ void store_frags(uint32_t tile, const uint32_t (&a)[4][4], int warp, int lane) {
@@ -311,7 +307,7 @@ __device__ __forceinline__ void red_add2(float* p, float x, float y) {
 /* ---- the qkv bias gradient's column sums (the backward's epilogues) ---- */
 /* cs[2j + e] += the two bf16 of v (as pack_bf16 made them), columns 8j + 2t
  * + e of this thread's fragment: exactly the values stored */
-__device__ __forceinline__ void add_bf16x2(float (&cs)[16], int j, uint32_t v) {
+template <int N> __device__ __forceinline__ void add_bf16x2(float (&cs)[N], int j, uint32_t v) {
     cs[2 * j] += __uint_as_float(v << 16);
     cs[2 * j + 1] += __uint_as_float(v & 0xFFFF0000u);
 }
@@ -704,10 +700,7 @@ __global__ void __launch_bounds__(NT, 1)
                     }
                     const uint32_t q2 = pack_bf16(x * scale, y * scale);
                     *reinterpret_cast<uint32_t*>(dqkv + ((size_t)b * T + q) * C3 + h * HS + col + 8 * jj) = q2;
-                    if constexpr (BIAS) {
-                        csq[2 * jj] += __uint_as_float(q2 << 16);
-                        csq[2 * jj + 1] += __uint_as_float(q2 & 0xFFFF0000u);
-                    }
+                    if constexpr (BIAS) add_bf16x2(csq, jj, q2);
                 } else if (lead) {
                     __stcg(reinterpret_cast<float2*>(ap + 8 * jj), make_float2(x, y));
                 } else {
