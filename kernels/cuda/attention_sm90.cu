@@ -28,8 +28,7 @@
  *
  * A block is two warpgroups (256 threads); warpgroup w owns 64 rows (queries
  * in the forward, keys in the backward) and the two share the tiles of the
- * other side, 64 rows each (two stages in the forward, three in the
- * backward). Each warp holds 16 rows:
+ * other side, 64 rows each, in three stages. Each warp holds 16 rows:
  * lane (g = lane/4, t = lane%4) holds rows g and g+8, columns 8j + 2t, +1.
  *
  * Asked for the qkv bias gradient, the backward kernel also sums the
@@ -371,7 +370,7 @@ __device__ __forceinline__ void block_colsum(float (&cs)[NQ][16], float* red, fl
  * complete, so that a tile's dK MMA runs on into the next tile's first ones
  * instead of being waited for before the barrier. */
 static constexpr int NSTAGE = 3;
-constexpr size_t SM90_SMEM_FWD = 1024 + 2 * TILE + 4 * TILE; /* Q[128], K[2][64], V[2][64] */
+constexpr size_t SM90_SMEM_FWD = 1024 + 2 * TILE + 6 * TILE; /* Q[128], K[3][64], V[3][64] */
 
 /* ------------------------------------------------------------------------ */
 /* forward: a block per (128 queries, b, h), walking key tiles 0 .. diagonal */
@@ -379,7 +378,7 @@ constexpr size_t SM90_SMEM_FWD = 1024 + 2 * TILE + 4 * TILE; /* Q[128], K[2][64]
 __global__ void __launch_bounds__(NT)
     attn_fwd_sm90(bf16* out, float* lse, const bf16* qkv, int T, int NH, float sl2) {
 #ifdef ATTN_SM90
-    const uint32_t sQ = smem_base(), sK = sQ + 2 * TILE, sV = sK + 2 * TILE;
+    const uint32_t sQ = smem_base(), sK = sQ + 2 * TILE, sV = sK + 3 * TILE;
     const int qb = gridDim.x - 1 - blockIdx.x; /* heavy blocks first */
     const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
     const int C = NH * HS, C3 = 3 * C;
@@ -405,11 +404,14 @@ __global__ void __launch_bounds__(NT)
     float o[32];
     zero32(o);
     float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
+    /* three stages: the loads for tile kb + 1 go into the stage of tile
+     * kb - 2, which every warp finished before the barrier of tile kb - 1,
+     * so that one barrier a tile suffices */
     for (int kb = 0; kb < nkb; kb++) {
-        const int cur = kb & 1;
+        const int cur = kb % 3, nxt = (kb + 1) % 3;
         if (kb + 1 < nkb) {
-            load_tile<64>(sK + (cur ^ 1) * TILE, base + C, (kb + 1) * 64, T, C3);
-            load_tile<64>(sV + (cur ^ 1) * TILE, base + 2 * C, (kb + 1) * 64, T, C3);
+            load_tile<64>(sK + nxt * TILE, base + C, (kb + 1) * 64, T, C3);
+            load_tile<64>(sV + nxt * TILE, base + 2 * C, (kb + 1) * 64, T, C3);
             cp_commit();
             cp_wait<1>();
         } else {
@@ -464,7 +466,6 @@ __global__ void __launch_bounds__(NT)
             wg_wait0();
             reg_fence(o);
         }
-        __syncthreads();
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -611,9 +612,6 @@ __global__ void __launch_bounds__(NT, 1)
             wg_commit();
             if (pend) mma_pb(dk, da, sQ + pend_st * TILE); /* dK += dS^T Q, previous tile */
             wg_commit();
-            /* the previous tile's adds to the accumulator, visible at GPU
-             * scope before its turn is passed on (while the MMAs run) */
-            if (rel >= 0) __threadfence();
             wg_wait<2>();
             reg_fence(st);
             const bool diag = qb == my_qb0;
@@ -653,8 +651,6 @@ __global__ void __launch_bounds__(NT, 1)
             store_frags(sS + wg * TILE, da, warp, lane); /* for the dQ share, both warpgroups' keys */
             pend = true;
             pend_st = cur;
-        } else if (rel >= 0) {
-            __threadfence();
         }
         fence_async_smem();
         if (read) {
@@ -663,6 +659,10 @@ __global__ void __launch_bounds__(NT, 1)
         }
         /* a middle share waits for its turn as late as it can */
         if (!last && !lead && threadIdx.x == 0) spin_until(turn_bh + qb, first - kb);
+        /* the previous tile's adds, every thread's, come before this barrier,
+         * and one thread's release after it passes them all on (a release
+         * is cumulative): no thread needs a fence of its own, whose wait for
+         * every earlier access of the thread would stall the tile */
         __syncthreads();
         if (rel >= 0 && threadIdx.x == 0) st_release(turn_bh + rel, rel_val);
         rel = -1;
@@ -715,7 +715,6 @@ __global__ void __launch_bounds__(NT, 1)
     }
     if (pend) mma_pb_wait(dk, da, sQ + pend_st * TILE); /* the last tile's dK */
     if (rel >= 0) {
-        __threadfence();
         __syncthreads();
         if (threadIdx.x == 0) st_release(turn_bh + rel, rel_val);
     }
