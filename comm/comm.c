@@ -295,6 +295,22 @@ static int comm_device_index(Comm* c) {
     return idx;
 }
 
+/* How many processes the launcher started, as the variable it sets in each
+ * process says (Open MPI's mpirun; MPICH's, Intel MPI's and srun's PMI), or
+ * 1 where none is set; *name gets the variable's name. */
+static int comm_launcher_world(const char** name) {
+    static const char* vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char* v = getenv(vars[i]);
+        if (v && *v) {
+            *name = vars[i];
+            return atoi(v) > 1 ? atoi(v) : 1;
+        }
+    }
+    *name = "";
+    return 1;
+}
+
 void comm_bootstrap(Comm* c, int* argc, char*** argv) {
     memset(c, 0, sizeof *c);
     c->rank = 0;
@@ -321,6 +337,15 @@ void comm_bootstrap(Comm* c, int* argc, char*** argv) {
     }
     MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
     MPI_Comm_size(MPI_COMM_WORLD, &c->world);
+    /* A launcher of another MPI starts each process as a job of one: each
+     * would train alone on the whole batch and write the same files */
+    const char* var;
+    const int launched = comm_launcher_world(&var);
+    if (c->world == 1 && launched > 1)
+        fatal(
+            "MPI sees 1 process, but the launcher started %d (%s=%d): it is not the mpirun of the MPI this binary "
+            "was built with; launch it with that MPI's mpirun, or rebuild with the launcher's mpicc",
+            launched, var, launched);
     /* from here a fatal() on any rank ends every rank */
     util_set_fatal_hook(comm_fatal_hook, c);
     comm_mpi_check(c, MPI_Comm_dup(MPI_COMM_WORLD, &m->mpi), "MPI_Comm_dup");
@@ -335,6 +360,14 @@ void comm_bootstrap(Comm* c, int* argc, char*** argv) {
     (void)argc;
     (void)argv;
     util_set_fatal_hook(comm_fatal_hook, c);
+    /* started by mpirun or srun as one of several processes: each would
+     * train alone on the whole batch and write the same files */
+    const char* var;
+    const int launched = comm_launcher_world(&var);
+    if (launched > 1)
+        fatal("this binary was built without MPI, but a launcher started it as one of %d processes (%s=%d); "
+              "rebuild with mpicc on the PATH",
+              launched, var, launched);
 #endif
     m->job_world = c->world;
     m->global = (int*)xmalloc((size_t)c->world * sizeof(int));

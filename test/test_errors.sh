@@ -70,6 +70,12 @@ expect "NCCL requested on a CPU run (np 2)" "comm nccl needs --device cuda" 2 $S
 expect "world size 1 with --comm nccl on CPU" "comm nccl needs --device cuda" 0 $SMALL --input_bin "$TMP/good.bin" --device cpu --comm nccl
 expect "unknown --comm value" "comm: unknown value" 2 $SMALL --input_bin "$TMP/good.bin" --comm carrier-pigeon
 expect "bad input under mpirun: every rank ends (np 3)" "nosuch.bin" 3 $SMALL --input_bin "$TMP/nosuch.bin"
+# a launcher's process count that this binary's MPI does not see (another MPI's mpirun; or, in a
+# build without MPI, any launcher): each process would train alone on the whole batch
+OMPI_COMM_WORLD_SIZE=2 expect "one of 2 processes of a launcher (OMPI_COMM_WORLD_SIZE) that MPI does not see" \
+    "launcher started.*(OMPI_COMM_WORLD_SIZE=2)" 0 $SMALL --input_bin "$TMP/good.bin"
+PMI_SIZE=3 expect "one of 3 processes of a PMI launcher (PMI_SIZE) that MPI does not see" \
+    "launcher started.*(PMI_SIZE=3)" 0 $SMALL --input_bin "$TMP/good.bin"
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi >/dev/null 2>&1; then
     expect "--device cuda with no GPU" "cuda" 0 $SMALL --input_bin "$TMP/good.bin" --device cuda
     expect "world 1, --comm nccl, --device auto, no GPU" "nccl" 0 $SMALL --input_bin "$TMP/good.bin" --comm nccl

@@ -3,7 +3,8 @@
 # checking) and UndefinedBehaviorSanitizer, built by `make asan` (gcc, no
 # MPI, build-asan/): every C unit test; a short single-rank training run
 # that validates, samples nothing, checkpoints, skips an injected NaN step
-# and resumes (bit-identical losses under the sanitizers too); and the
+# and resumes (bit-identical losses under the sanitizers too); the same
+# build refusing to start as one of several launched processes; and the
 # replay of the fuzzing corpus (seeds and regression inputs, test/fuzz/).
 # Any sanitizer report fails the case.
 source "$(dirname "$0")/lib.sh"
@@ -42,6 +43,11 @@ mkdir -p "$TMP/res" && cp -r "$TMP/run/ckpt_00000002" "$TMP/run/log.jsonl" "$TMP
 sanitized "training resumed from the step-2 checkpoint" $A/train_gpt2 $RUN --output_dir "$TMP/res" --resume
 check "the resumed run's losses equal the first run's (3 finite steps)" \
     eval 'cmp -s <(losses "$TMP/run") <(losses "$TMP/res") && [ "$(losses "$TMP/res" | wc -l)" = 3 ]'
+# this build has no MPI: started by a launcher as one of several processes (each would train alone
+# on the whole batch), it refuses with one error line
+OMPI_COMM_WORLD_SIZE=2 $A/train_gpt2 $RUN --output_dir "$TMP/mpi" >"$TMP/nompi.out" 2>&1; rc=$?
+check "built without MPI, launched as one of 2 processes: exit 1 and one error line (exit $rc)" \
+    eval '[ $rc -eq 1 ] && grep -q "^error: this binary was built without MPI, but a launcher started it as one of 2 processes (OMPI_COMM_WORLD_SIZE=2)" "$TMP/nompi.out" && clean "$TMP/nompi.out" && [ ! -e "$TMP/mpi/log.jsonl" ]'
 for h in shard model tokenizer checkpoint; do
     sanitized "fuzz corpus replay: $h ($(ls test/fuzz/$h | wc -l) inputs)" $A/fuzz_replay_$h test/fuzz/$h
 done
