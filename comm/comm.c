@@ -296,7 +296,8 @@ static int comm_device_index(Comm* c) {
 }
 
 /* How many processes the launcher started, as the variable it sets in each
- * process says (Open MPI's mpirun; MPICH's, Intel MPI's and srun's PMI), or
+ * process says (Open MPI's mpirun; the PMI of MPICH's and Intel MPI's
+ * launchers and of srun --mpi=pmi2; srun --mpi=pmix sets no such count), or
  * 1 where none is set; *name gets the variable's name. */
 static int comm_launcher_world(const char** name) {
     static const char* vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"};
