@@ -365,12 +365,13 @@ __device__ __forceinline__ void block_colsum(float (&cs)[NQ][16], float* red, fl
 } // namespace
 #endif
 
-/* The backward keeps three stages of the tiles it walks: the loads for tile
- * i + 1 go into the stage that tile i - 2 used, whose MMAs are known to be
- * complete, so that a tile's dK MMA runs on into the next tile's first ones
- * instead of being waited for before the barrier. */
+/* Both kernels keep three stages of the tiles they walk: the loads for tile
+ * i + 1 go into the stage that tile i - 2 used, whose MMAs every warp
+ * finished before tile i - 1's barrier. The forward so needs one barrier a
+ * tile; in the backward a tile's dK MMA runs on into the next tile's first
+ * ones instead of being waited for before the barrier. */
 static constexpr int NSTAGE = 3;
-constexpr size_t SM90_SMEM_FWD = 1024 + 2 * TILE + 6 * TILE; /* Q[128], K[3][64], V[3][64] */
+constexpr size_t SM90_SMEM_FWD = 1024 + 2 * TILE + 2 * NSTAGE * TILE; /* Q[128], K, V [NSTAGE][64] */
 
 /* ------------------------------------------------------------------------ */
 /* forward: a block per (128 queries, b, h), walking key tiles 0 .. diagonal */
@@ -378,7 +379,7 @@ constexpr size_t SM90_SMEM_FWD = 1024 + 2 * TILE + 6 * TILE; /* Q[128], K[3][64]
 __global__ void __launch_bounds__(NT)
     attn_fwd_sm90(bf16* out, float* lse, const bf16* qkv, int T, int NH, float sl2) {
 #ifdef ATTN_SM90
-    const uint32_t sQ = smem_base(), sK = sQ + 2 * TILE, sV = sK + 3 * TILE;
+    const uint32_t sQ = smem_base(), sK = sQ + 2 * TILE, sV = sK + NSTAGE * TILE;
     const int qb = gridDim.x - 1 - blockIdx.x; /* heavy blocks first */
     const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
     const int C = NH * HS, C3 = 3 * C;
@@ -404,11 +405,8 @@ __global__ void __launch_bounds__(NT)
     float o[32];
     zero32(o);
     float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
-    /* three stages: the loads for tile kb + 1 go into the stage of tile
-     * kb - 2, which every warp finished before the barrier of tile kb - 1,
-     * so that one barrier a tile suffices */
     for (int kb = 0; kb < nkb; kb++) {
-        const int cur = kb % 3, nxt = (kb + 1) % 3;
+        const int cur = kb % NSTAGE, nxt = (kb + 1) % NSTAGE;
         if (kb + 1 < nkb) {
             load_tile<64>(sK + nxt * TILE, base + C, (kb + 1) * 64, T, C3);
             load_tile<64>(sV + nxt * TILE, base + 2 * C, (kb + 1) * 64, T, C3);
