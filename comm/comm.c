@@ -305,7 +305,8 @@ static int comm_launcher_world(const char** name) {
         const char* v = getenv(vars[i]);
         if (v && *v) {
             *name = vars[i];
-            return atoi(v) > 1 ? atoi(v) : 1;
+            const int n = atoi(v);
+            return n > 1 ? n : 1;
         }
     }
     *name = "";
@@ -338,15 +339,6 @@ void comm_bootstrap(Comm* c, int* argc, char*** argv) {
     }
     MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
     MPI_Comm_size(MPI_COMM_WORLD, &c->world);
-    /* A launcher of another MPI starts each process as a job of one: each
-     * would train alone on the whole batch and write the same files */
-    const char* var;
-    const int launched = comm_launcher_world(&var);
-    if (c->world == 1 && launched > 1)
-        fatal(
-            "MPI sees 1 process, but the launcher started %d (%s=%d): it is not the mpirun of the MPI this binary "
-            "was built with; launch it with that MPI's mpirun, or rebuild with the launcher's mpicc",
-            launched, var, launched);
     /* from here a fatal() on any rank ends every rank */
     util_set_fatal_hook(comm_fatal_hook, c);
     comm_mpi_check(c, MPI_Comm_dup(MPI_COMM_WORLD, &m->mpi), "MPI_Comm_dup");
@@ -361,13 +353,20 @@ void comm_bootstrap(Comm* c, int* argc, char*** argv) {
     (void)argc;
     (void)argv;
     util_set_fatal_hook(comm_fatal_hook, c);
-    /* started by mpirun or srun as one of several processes: each would
-     * train alone on the whole batch and write the same files */
+#endif
+    /* A launcher that started several processes, each of them a job of one
+     * here (another MPI's launcher, or a build without MPI): each would train
+     * alone on the whole batch and write the same files */
     const char* var;
     const int launched = comm_launcher_world(&var);
-    if (launched > 1)
-        fatal("this binary was built without MPI, but a launcher started it as one of %d processes (%s=%d); "
-              "rebuild with mpicc on the PATH",
+    if (c->world == 1 && launched > 1)
+#ifdef USE_MPI
+        fatal("the launcher started %d processes (%s=%d) but MPI sees 1: it is not the mpirun of the MPI this "
+              "binary was built with; launch it with that MPI's mpirun, or rebuild with the launcher's mpicc",
+              launched, var, launched);
+#else
+        fatal("the launcher started %d processes (%s=%d) but this binary was built without MPI: rebuild with "
+              "mpicc on the PATH",
               launched, var, launched);
 #endif
     m->job_world = c->world;

@@ -47,7 +47,7 @@ check "the resumed run's losses equal the first run's (3 finite steps)" \
 # on the whole batch), it refuses with one error line
 OMPI_COMM_WORLD_SIZE=2 $A/train_gpt2 $RUN --output_dir "$TMP/mpi" >"$TMP/nompi.out" 2>&1; rc=$?
 check "built without MPI, launched as one of 2 processes: exit 1 and one error line (exit $rc)" \
-    eval '[ $rc -eq 1 ] && grep -q "^error: this binary was built without MPI, but a launcher started it as one of 2 processes (OMPI_COMM_WORLD_SIZE=2)" "$TMP/nompi.out" && clean "$TMP/nompi.out" && [ ! -e "$TMP/mpi/log.jsonl" ]'
+    eval '[ $rc -eq 1 ] && grep -q "^error: the launcher started 2 processes (OMPI_COMM_WORLD_SIZE=2) but this binary was built without MPI" "$TMP/nompi.out" && clean "$TMP/nompi.out" && [ ! -e "$TMP/mpi/log.jsonl" ]'
 for h in shard model tokenizer checkpoint; do
     sanitized "fuzz corpus replay: $h ($(ls test/fuzz/$h | wc -l) inputs)" $A/fuzz_replay_$h test/fuzz/$h
 done
