@@ -296,8 +296,14 @@ __device__ __forceinline__ int ld_acquire(const int* p) {
 __device__ __forceinline__ void st_release(int* p, int v) {
     asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
-__device__ __forceinline__ void spin_until(const int* p, int v) {
-    while (ld_acquire(p) != v) __nanosleep(64);
+/* waits until the counter at p holds v; seen: what an earlier read of it
+ * returned (issued ahead, so that its latency hid behind other work),
+ * updated by the reads here */
+__device__ __forceinline__ void spin_until(const int* p, int v, int& seen) {
+    while (seen != v) {
+        __nanosleep(64);
+        seen = ld_acquire(p);
+    }
 }
 __device__ __forceinline__ void red_add2(float* p, float x, float y) {
     asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(x), "f"(y) : "memory");
@@ -573,6 +579,10 @@ __global__ void __launch_bounds__(NT, 1)
         for (int i = 0; i < 8; i++) csq[i] = 0.0f;
     }
     const bool last = kb == 0; /* key block 0's share is always a query tile's last */
+    /* thread 0: the turn counter as read for the next wait, the read issued
+     * beside a tile's first products (a middle share waits later in the same
+     * tile, key block 0 at the start of the next) */
+    int seen = 0;
     for (int qb = qb0; qb < nqb; qb++) {
         const int cur = (qb - qb0) % NSTAGE;
         const int first = qb >> 1;       /* the key block whose share comes first */
@@ -580,7 +590,7 @@ __global__ void __launch_bounds__(NT, 1)
         const bool read = last && !lead; /* key block 0 after others: reads the accumulator */
         /* key block 0 waits for its turn before the tile, so that the
          * accumulator's tile loads while the tile's MMAs run */
-        if (read && threadIdx.x == 0) spin_until(turn_bh + qb, first);
+        if (read && threadIdx.x == 0) spin_until(turn_bh + qb, first, seen);
         cp_wait<0>();
         fence_async_smem();
         __syncthreads();
@@ -610,6 +620,10 @@ __global__ void __launch_bounds__(NT, 1)
             wg_commit();
             if (pend) mma_pb(dk, da, sQ + pend_st * TILE); /* dK += dS^T Q, previous tile */
             wg_commit();
+            if (threadIdx.x == 0) {
+                if (!last && !lead) seen = ld_acquire(turn_bh + qb);
+                else if (last && qb + 1 < nqb && ((qb + 1) >> 1) != 0) seen = ld_acquire(turn_bh + qb + 1);
+            }
             wg_wait<2>();
             reg_fence(st);
             const bool diag = qb == my_qb0;
@@ -656,7 +670,7 @@ __global__ void __launch_bounds__(NT, 1)
             else cp_wait<0>();
         }
         /* a middle share waits for its turn as late as it can */
-        if (!last && !lead && threadIdx.x == 0) spin_until(turn_bh + qb, first - kb);
+        if (!last && !lead && threadIdx.x == 0) spin_until(turn_bh + qb, first - kb, seen);
         /* the previous tile's adds, every thread's, come before this barrier,
          * and one thread's release after it passes them all on (a release
          * is cumulative): no thread needs a fence of its own, whose wait for
