@@ -54,7 +54,7 @@ struct CudaCtx {
     size_t lt_workspace_bytes;
     LtPlan* plans; /* linked list of cached (shape -> descriptors + algorithm) */
     int gemm_tune; /* GPT2_CUDA_GEMM_TUNE: 0 the heuristic's first algorithm; 1 the fastest candidate
-                    * with its bits (default); 2 the same, printing each choice (matmul.cu) */
+                    * with its bits (default); 2 the same, printing each choice and candidate (matmul.cu) */
     /* one scratch buffer reused by the kernels that need temporary memory
      * (only the compute stream touches it, so successive users are ordered) */
     void* scratch;

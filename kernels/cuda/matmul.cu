@@ -31,7 +31,9 @@
  * (least of three timed runs) is kept. Timing noise may change which
  * algorithm runs, never the results: reruns and ranks stay bit-identical to
  * the heuristic's first choice. GPT2_CUDA_GEMM_TUNE=0 keeps the first
- * candidate without trying the others; =2 also prints each choice.
+ * candidate without trying the others; =2 also prints each choice and
+ * every candidate's structure and time (those of another k-sum structure
+ * are then timed too, for the print only: never chosen).
  * Where cuBLASLt offers no algorithm for a fused epilogue (e.g. aux ld not a
  * multiple of 8) the unfused path is taken: plain matmul + our GELU kernels. */
 #include "common.cuh"
@@ -77,7 +79,7 @@ void cuda_matmul_init(Backend* be) {
     if (env && *env) {
         if (strcmp(env, "0") && strcmp(env, "1") && strcmp(env, "2"))
             fatal("GPT2_CUDA_GEMM_TUNE='%s': expected 0 (the heuristic's first algorithm), 1 (the fastest with "
-                  "its bits, the default) or 2 (1, printing each choice)",
+                  "its bits, the default) or 2 (1, printing each choice and every candidate)",
                   env);
         c->gemm_tune = env[0] - '0';
     }
@@ -208,7 +210,7 @@ static void lt_choose(Backend* be, LtPlan* p, const LtCall* k) {
         same_structure[i] = memcmp(si, s0, sizeof si) == 0;
         ntry += same_structure[i];
     }
-    if (ntry < 2) return;
+    if (ntry < 2 && c->gemm_tune < 2) return;
 
     /* the tuning's memory is stream-ordered and short-lived; where there is
      * none to spare, the first candidate stays */
@@ -234,7 +236,7 @@ static void lt_choose(Backend* be, LtPlan* p, const LtCall* k) {
     for (int i = 0; i < nc; i++) {
         best_ms[i] = 1e30f;
         ran[i] = 0;
-        if (!same_structure[i]) continue;
+        if (!same_structure[i] && c->gemm_tune < 2) continue; /* =2 times the others too, to print */
         /* one run for the bits, then three timed */
         for (int r = 0; r < 4; r++) {
             if (copy) CUDA_CHECK(cudaMemcpyAsync(Drun, k->D, k->d_bytes, cudaMemcpyDeviceToDevice, st));
@@ -269,11 +271,24 @@ static void lt_choose(Backend* be, LtPlan* p, const LtCall* k) {
 
     int pick = 0, same = 1;
     for (int i = 1; i < nc; i++) {
-        if (!ran[i] || memcmp(&h[4 * i], &h[0], 4 * sizeof h[0]) != 0) continue;
+        if (!same_structure[i] || !ran[i] || memcmp(&h[4 * i], &h[0], 4 * sizeof h[0]) != 0) continue;
         same++;
         if (best_ms[i] < best_ms[pick]) pick = i;
     }
     p->algo = p->cand[pick];
+    if (c->gemm_tune == 2)
+        for (int i = 0; i < nc; i++) {
+            int si[3], tile = 0, stages = 0;
+            size_t w = 0;
+            lt_sum_structure(&p->cand[i], si);
+            cublasLtMatmulAlgoConfigGetAttribute(
+                &p->cand[i], CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w);
+            cublasLtMatmulAlgoConfigGetAttribute(
+                &p->cand[i], CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &w);
+            fprintf(stderr, "  cand %d: id %d splitk %d red %d tile %d stages %d: %.4f ms%s%s\n", i, si[0],
+                    si[1], si[2], tile, stages, (double)best_ms[i], same_structure[i] ? "" : " (other k-sum)",
+                    ran[i] && memcmp(&h[4 * i], &h[0], 4 * sizeof h[0]) == 0 ? " same bits" : "");
+        }
     if (c->gemm_tune == 2)
         fprintf(stderr,
                 "gemm m=%d n=%d k=%d trans=%d%d epilogue=%d beta=%g: candidate %d of %d (%d with the first's "
