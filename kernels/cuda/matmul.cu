@@ -562,8 +562,9 @@ void cuda_matmul_backward(Backend* be, void* dinp, void* dw, void* dbias, const 
             if (pre_gelu) cuda_gelu_backward(be, dinp, pre_gelu, dinp, (size_t)N * C);
         }
     }
-    /* dbias by our column-sum kernel: cuBLASLt's BGRADB epilogue (tried
-     * 2026-12-02) made the dW GEMM slower than GEMM + column sum, and it
-     * overwrites. */
+    /* dbias by our column-sum kernel: cuBLASLt's BGRADB epilogue made the
+     * dW GEMM slower than GEMM + column sum, and it overwrites; DGELU_BGRAD
+     * (the layer below's bias gradient inside the DGELU GEMM above) ran
+     * about 3x slower than DGELU alone on the H200 (docs/CUDA.md, run 9). */
     if (dbias) cuda_bias_colsum_add(be, dbias, dout, N, OC);
 }
