@@ -269,14 +269,23 @@ static void lt_choose(Backend* be, LtPlan* p, const LtCall* k) {
     CUDA_CHECK(cudaEventDestroy(t0));
     CUDA_CHECK(cudaEventDestroy(t1));
 
+    /* a candidate may replace the first only with the first's k-sum
+     * structure and bits (the others ran only to be printed) */
+    int same_bits[LT_CANDIDATES];
     int pick = 0, same = 1;
-    for (int i = 1; i < nc; i++) {
-        if (!same_structure[i] || !ran[i] || memcmp(&h[4 * i], &h[0], 4 * sizeof h[0]) != 0) continue;
+    for (int i = 0; i < nc; i++) {
+        same_bits[i] = ran[i] && memcmp(&h[4 * i], &h[0], 4 * sizeof h[0]) == 0;
+        if (i == 0 || !same_structure[i] || !same_bits[i]) continue;
         same++;
         if (best_ms[i] < best_ms[pick]) pick = i;
     }
     p->algo = p->cand[pick];
-    if (c->gemm_tune == 2)
+    if (c->gemm_tune == 2) {
+        fprintf(stderr,
+                "gemm m=%d n=%d k=%d trans=%d%d epilogue=%d beta=%g: candidate %d of %d (%d with the first's "
+                "k-sum structure, %d of those with its bits): %.4f ms, the first %.4f ms\n",
+                p->key.m, p->key.n, p->key.k, p->key.transa, p->key.transb, p->key.epilogue, (double)k->beta,
+                pick, nc, ntry, same, (double)best_ms[pick], (double)best_ms[0]);
         for (int i = 0; i < nc; i++) {
             int si[3], tile = 0, stages = 0;
             size_t w = 0;
@@ -287,14 +296,9 @@ static void lt_choose(Backend* be, LtPlan* p, const LtCall* k) {
                 &p->cand[i], CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &w);
             fprintf(stderr, "  cand %d: id %d splitk %d red %d tile %d stages %d: %.4f ms%s%s\n", i, si[0],
                     si[1], si[2], tile, stages, (double)best_ms[i], same_structure[i] ? "" : " (other k-sum)",
-                    ran[i] && memcmp(&h[4 * i], &h[0], 4 * sizeof h[0]) == 0 ? " same bits" : "");
+                    same_bits[i] ? " same bits" : "");
         }
-    if (c->gemm_tune == 2)
-        fprintf(stderr,
-                "gemm m=%d n=%d k=%d trans=%d%d epilogue=%d beta=%g: candidate %d of %d (%d with the first's "
-                "k-sum structure, %d of those with its bits): %.4f ms, the first %.4f ms\n",
-                p->key.m, p->key.n, p->key.k, p->key.transa, p->key.transb, p->key.epilogue, (double)k->beta,
-                pick, nc, ntry, same, (double)best_ms[pick], (double)best_ms[0]);
+    }
 }
 
 /* D[m,n] (col-major, ld ldd) = op(A) op(B) (+ beta D), with an epilogue.
