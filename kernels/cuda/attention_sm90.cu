@@ -65,13 +65,20 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)
 __device__ __forceinline__ uint32_t sw128(int r, int c) { return (uint32_t)(r * ROW + ((c ^ (r & 7)) << 4)); }
 
 /* rows [t0, t0 + ROWS) of a head (base = row 0, stride in elements) into
- * the swizzled tile at shared address sm; rows >= T are zero-filled. */
+ * the swizzled tile at shared address sm; rows >= T are zero-filled. Thread
+ * x copies chunk x % 8 of rows x / 8 + 32 k: a loop whose trip count the
+ * compiler sees (a loop from threadIdx.x to ROWS * 8 is compiled for any
+ * block size: a remainder loop and a branch per copy, about 140
+ * instructions a warp for the backward's two tiles) and whose row and
+ * swizzle arithmetic is the same in every call. */
 template <int ROWS>
 __device__ __forceinline__ void load_tile(uint32_t sm, const bf16* base, int t0, int T, int stride) {
-    for (int i = threadIdx.x; i < ROWS * 8; i += NT) {
-        int r = i >> 3, c = i & 7;
-        int t = t0 + r;
-        bool ok = t < T;
+    static_assert((ROWS * 8) % NT == 0, "load_tile: whole passes of the block");
+    const int r0 = threadIdx.x >> 3, c = threadIdx.x & 7;
+#pragma unroll
+    for (int k = 0; k < ROWS * 8 / NT; k++) {
+        const int r = r0 + k * (NT / 8), t = t0 + r;
+        const bool ok = t < T;
         const bf16* src = base + (size_t)(ok ? t : 0) * stride + c * 8;
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sm + sw128(r, c)), "l"(src),
                      "r"(ok ? 16 : 0));
@@ -595,7 +602,9 @@ __global__ void __launch_bounds__(NT, 1)
         fence_async_smem();
         __syncthreads();
         if (read) {
-            for (int i = threadIdx.x; i < 64 * 16; i += NT) {
+#pragma unroll
+            for (int k = 0; k < 64 * 16 / NT; k++) {
+                const int i = threadIdx.x + k * NT;
                 const int r = i >> 4, c = i & 15, t = qb * 64 + r;
                 const bool ok = t < T;
                 asm volatile(
@@ -618,8 +627,15 @@ __global__ void __launch_bounds__(NT, 1)
             wg_commit();
             mma_abt(dpt, vf, Oc);
             wg_commit();
-            if (pend) mma_pb(dk, da, sQ + pend_st * TILE); /* dK += dS^T Q, previous tile */
-            wg_commit();
+            /* dK += dS^T Q, previous tile; the commit in both branches, so
+             * that it goes with the last product (a commit after the branch
+             * is an extra MMA instruction that carries it) */
+            if (pend) {
+                mma_pb(dk, da, sQ + pend_st * TILE);
+                wg_commit();
+            } else {
+                wg_commit();
+            }
             if (threadIdx.x == 0) {
                 if (!last && !lead) seen = ld_acquire(turn_bh + qb);
                 else if (last && qb + 1 < nqb && ((qb + 1) >> 1) != 0) seen = ld_acquire(turn_bh + qb + 1);
@@ -638,12 +654,16 @@ __global__ void __launch_bounds__(NT, 1)
                 Dq[2 * j + 1] = d2.y;
             }
 #pragma unroll
-            for (int i = 0; i < 32; i++) {
-                const int e = i & 3;
-                const int qc = (i >> 2) * 8 + 2 * t4 + (e & 1);
-                float p = ex2(fmaf(st[i], sl2, nl[(i >> 2) * 2 + (e & 1)]));
-                if (diag && krow + (e >> 1) * 8 > qb * 64 + qc) p = 0.0f;
-                st[i] = p; /* P^T */
+            for (int i = 0; i < 32; i++) st[i] = ex2(fmaf(st[i], sl2, nl[(i >> 2) * 2 + (i & 1)])); /* P^T */
+            /* the causal mask, on the diagonal tile only (a compare and a
+             * select per element on every tile were 64 of a warp's ~870
+             * instructions a tile) */
+            if (diag) {
+#pragma unroll
+                for (int i = 0; i < 32; i++) {
+                    const int e = i & 3;
+                    if (krow + (e >> 1) * 8 > qb * 64 + (i >> 2) * 8 + 2 * t4 + (e & 1)) st[i] = 0.0f;
+                }
             }
             to_frags(pa, st);
             wg_fence();
@@ -676,25 +696,36 @@ __global__ void __launch_bounds__(NT, 1)
          * is cumulative): no thread needs a fence of its own, whose wait for
          * every earlier access of the thread would stall the tile */
         __syncthreads();
-        if (rel >= 0 && threadIdx.x == 0) st_release(turn_bh + rel, rel_val);
-        rel = -1;
 
         /* this tile's share of dQ: 64 queries x this warpgroup's 32 columns,
          * over the block's keys that see the tile (the second warpgroup's
-         * from the tile after its diagonal) */
-        const int nks = (qb > qb0 && k0 + 64 < T) ? 8 : 4;
+         * from the tile after its diagonal). Two straight sequences: a
+         * branch between MMAs of one group makes the compiler fence and
+         * commit each on its own. */
         float dqs[16];
         {
             const uint64_t ad = desc(sS), bd = desc(sK + wg * 64);
             wg_fence();
             mma_ss_tt_n32<true>(dqs, ad, bd);
+            if (qb > qb0 && k0 + 64 < T) {
 #pragma unroll
-            for (int kk = 1; kk < 8; kk++)
-                if (kk < nks) mma_ss_tt_n32<false>(dqs, ad + kk * KSTEP_MN, bd + kk * KSTEP_MN);
-            wg_commit();
-            wg_wait0();
-            reg_fence(dqs);
+                for (int kk = 1; kk < 8; kk++)
+                    mma_ss_tt_n32<false>(dqs, ad + kk * KSTEP_MN, bd + kk * KSTEP_MN);
+                wg_commit();
+            } else {
+#pragma unroll
+                for (int kk = 1; kk < 4; kk++)
+                    mma_ss_tt_n32<false>(dqs, ad + kk * KSTEP_MN, bd + kk * KSTEP_MN);
+                wg_commit();
+            }
         }
+        /* the previous tile's turn, passed on while the product runs: the
+         * release's fence (a MEMBAR.GPU, hundreds of cycles) held up warp 0,
+         * and so warpgroup 0's MMAs, when it came before their issue */
+        if (rel >= 0 && threadIdx.x == 0) st_release(turn_bh + rel, rel_val);
+        rel = -1;
+        wg_wait0();
+        reg_fence(dqs);
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const int tr = warp * 16 + g + r * 8, q = qb * 64 + tr;
