@@ -293,6 +293,15 @@ __device__ __forceinline__ void store_frags(uint32_t tile, const uint32_t (&a)[4
                      "r"(a[kk][0]), "r"(a[kk][1]), "r"(a[kk][2]), "r"(a[kk][3])
                      : "memory");
 }
+/* 16 bytes of shared memory */
+__device__ __forceinline__ uint4 lds128(uint32_t a) {
+    uint4 v;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(a)
+                 : "memory");
+    return v;
+}
 /* the order tokens of the dQ accumulation: a counter per (head, query
  * tile), read with acquire and passed on with release (GPU scope) */
 __device__ __forceinline__ int ld_acquire(const int* p) {
@@ -726,16 +735,35 @@ __global__ void __launch_bounds__(NT, 1)
         rel = -1;
         wg_wait0();
         reg_fence(dqs);
+        /* the share into the accumulator, in one of three ways (a choice
+         * the same for the whole block, made once, not per element) */
+        const int col = 32 * wg + 2 * t4;
+        if (!last) {
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int tr = warp * 16 + g + r * 8, q = qb * 64 + tr;
-            if (q >= T) continue;
-            const int col = 32 * wg + 2 * t4;
-            float* ap = acc_bh + (size_t)q * 64 + col;
+            for (int r = 0; r < 2; r++) {
+                const int q = qb * 64 + warp * 16 + g + r * 8;
+                float* ap = acc_bh + (size_t)q * 64 + col;
+                if (q < T) {
+                    if (lead) { /* the first share: stored */
 #pragma unroll
-            for (int jj = 0; jj < 4; jj++) {
-                float x = dqs[4 * jj + 2 * r], y = dqs[4 * jj + 2 * r + 1];
-                if (last) {
+                        for (int jj = 0; jj < 4; jj++)
+                            __stcg(reinterpret_cast<float2*>(ap + 8 * jj),
+                                   make_float2(dqs[4 * jj + 2 * r], dqs[4 * jj + 2 * r + 1]));
+                    } else { /* a middle one: added */
+#pragma unroll
+                        for (int jj = 0; jj < 4; jj++)
+                            red_add2(ap + 8 * jj, dqs[4 * jj + 2 * r], dqs[4 * jj + 2 * r + 1]);
+                    }
+                }
+            }
+        } else { /* key block 0's, the last: added to the accumulator's tile, scaled, stored in bf16 */
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const int tr = warp * 16 + g + r * 8, q = qb * 64 + tr;
+                if (q >= T) continue;
+#pragma unroll
+                for (int jj = 0; jj < 4; jj++) {
+                    float x = dqs[4 * jj + 2 * r], y = dqs[4 * jj + 2 * r + 1];
                     if (!lead) {
                         const float2 o = *reinterpret_cast<const float2*>(acc_s + tr * ACC_LD + col + 8 * jj);
                         x = o.x + x;
@@ -744,10 +772,6 @@ __global__ void __launch_bounds__(NT, 1)
                     const uint32_t q2 = pack_bf16(x * scale, y * scale);
                     *reinterpret_cast<uint32_t*>(dqkv + ((size_t)b * T + q) * C3 + h * HS + col + 8 * jj) = q2;
                     if constexpr (BIAS) add_bf16x2(csq, jj, q2);
-                } else if (lead) {
-                    __stcg(reinterpret_cast<float2*>(ap + 8 * jj), make_float2(x, y));
-                } else {
-                    red_add2(ap + 8 * jj, x, y);
                 }
             }
         }
@@ -757,10 +781,17 @@ __global__ void __launch_bounds__(NT, 1)
         }
     }
     if (pend) mma_pb_wait(dk, da, sQ + pend_st * TILE); /* the last tile's dK */
-    if (rel >= 0) {
-        __syncthreads();
-        if (threadIdx.x == 0) st_release(turn_bh + rel, rel_val);
-    }
+    /* every warp is done with K's tiles (read by the dQ products) and dS^T's */
+    __syncthreads();
+    if (rel >= 0 && threadIdx.x == 0) st_release(turn_bh + rel, rel_val);
+    /* dK (scaled) and dV in bf16 as A fragments, their rows stored into K's
+     * and V's tiles (stmatrix), then copied out in 16-byte pieces: a thread
+     * writing its fragments straight to dqkv needs 32 four-byte stores */
+    uint32_t kfr[4][4], vfr[4][4];
+#pragma unroll
+    for (int i = 0; i < 32; i++) dk[i] *= scale;
+    to_frags(kfr, dk);
+    to_frags(vfr, dv);
     float cs[3][16]; /* BIAS: sums of this thread's stored rows of dQ (key block 0), dK, dV */
     if constexpr (BIAS) {
 #pragma unroll
@@ -768,28 +799,29 @@ __global__ void __launch_bounds__(NT, 1)
             cs[0][i] = (i >> 3) == wg ? csq[i & 7] : 0.0f; /* columns 32 wg .. */
             cs[1][i] = cs[2][i] = 0.0f;
         }
-    }
+        /* fragment kfr[kc][x]: row krow + 8 (x & 1), columns 8 (2 kc + x / 2) + 2 t4, +1 */
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int key = krow + r * 8;
-        if (key < T) {
-            bf16* dst = dqkv + ((size_t)b * T + key) * C3 + h * HS + 2 * t4;
+        for (int kc = 0; kc < 4; kc++)
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const uint32_t k2 = pack_bf16(dk[4 * j + 2 * r] * scale, dk[4 * j + 2 * r + 1] * scale);
-                *reinterpret_cast<uint32_t*>(dst + C + j * 8) = k2;
-                const uint32_t v2 = pack_bf16(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
-                *reinterpret_cast<uint32_t*>(dst + 2 * C + j * 8) = v2;
-                if constexpr (BIAS) {
-                    add_bf16x2(cs[1], j, k2);
-                    add_bf16x2(cs[2], j, v2);
+            for (int x = 0; x < 4; x++)
+                if (krow + 8 * (x & 1) < T) {
+                    add_bf16x2(cs[1], 2 * kc + (x >> 1), kfr[kc][x]);
+                    add_bf16x2(cs[2], 2 * kc + (x >> 1), vfr[kc][x]);
                 }
-            }
+    }
+    store_frags(sK + wg * TILE, kfr, warp, lane);
+    store_frags(sV + wg * TILE, vfr, warp, lane);
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < 128 * 8 / NT; k++) {
+        const int i = threadIdx.x + k * NT, r = i >> 3, c = i & 7, key = k0 + r;
+        if (key < T) {
+            bf16* dst = dqkv + ((size_t)b * T + key) * C3 + h * HS + c * 8;
+            *reinterpret_cast<uint4*>(dst + C) = lds128(sK + sw128(r, c));
+            *reinterpret_cast<uint4*>(dst + 2 * C) = lds128(sV + sw128(r, c));
         }
     }
     if constexpr (BIAS) {
-        /* dS^T's tiles are free once both warpgroups' last dQ MMAs are done */
-        __syncthreads();
         float* red = (float*)(smraw + (sS - smem_addr(smraw)));
         block_colsum<3>(cs, red, partial + ((size_t)b * nkb + kb) * C3 + h * HS, C);
     }
