@@ -25,6 +25,13 @@ if [ "${GPU_BENCH:-0}" = 1 ]; then
 else
     run_suite test_kernels_gpu "$BUILD_DIR/test_kernels_gpu"
 fi
+# the attention backward's K and V fragments, held in registers over its loop,
+# never overwritten inside it (a ptxas hazard: tools/sass_frag_check.py)
+if command -v cuobjdump >/dev/null; then
+    run_suite sass_frag_check bash -c "cuobjdump -sass '$BUILD_DIR/kernels/cuda/attention_sm90.cu.o' | python3 tools/sass_frag_check.py attn_bwd_sm90 32"
+else
+    echo "==== sass_frag_check: not run (no cuobjdump on PATH)"
+fi
 # the PyTorch fixture on the GPU: fp32 at the CPU tolerances, bf16 loss within 1e-2
 run_suite test_fixture_cuda_fp32 "$BUILD_DIR/test_fixture" --device cuda --dtype fp32
 run_suite test_fixture_cuda_bf16 "$BUILD_DIR/test_fixture" --device cuda --dtype bf16

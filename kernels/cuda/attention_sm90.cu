@@ -19,7 +19,8 @@
  * The A operand is in registers but in dQ: P and dS straight from the
  * accumulators (the m64n64 accumulator layout, rounded to bf16, is the A
  * fragment layout), and the operands that stay the same over a block's loop
- * (Q; K and V) loaded once with ldmatrix before it. dQ's share needs dS
+ * read with ldmatrix: K and V once before the backward's loop, Q at each of
+ * the forward's tiles (see attn_fwd_sm90). dQ's share needs dS
  * with queries as rows, so dS^T goes to shared memory (stmatrix) and is read
  * transposed. In the backward the products are committed in groups and
  * waited for one group at a time, so that P is computed while dP runs and dS
@@ -212,10 +213,10 @@ __device__ __forceinline__ uint32_t smem_base() {
 /* A operand in registers: this warp's 16 rows of a swizzled 64-row tile as
  * the A fragments of the four k-steps (ldmatrix: lane l gives the address of
  * row l % 16, 8 columns at 8 (l / 16) within the k-step). Operands that stay
- * the same over a kernel's loop (Q in the forward, K and V in dK/dV, Q and
- * dO in dQ) are read from shared memory once instead of by every MMA: an A
- * read from shared memory costs as many bytes as the B read again, and the
- * tensor cores then wait on shared memory. */
+ * the same over a kernel's loop (Q in the forward, K and V in the backward)
+ * are read from shared memory once a tile or once in all, not by every MMA:
+ * an A read from shared memory costs as many bytes as the B read again, and
+ * the tensor cores then wait on shared memory. */
 __device__ __forceinline__ void load_frags(uint32_t (&a)[4][4], uint32_t tile, int warp, int lane) {
     const int r = warp * 16 + (lane & 15);
 #pragma unroll
@@ -418,11 +419,6 @@ __global__ void __launch_bounds__(NT)
     load_tile<64>(sK, base + C, 0, T, C3);
     load_tile<64>(sV, base + 2 * C, 0, T, C3);
     cp_commit();
-    /* Q as A fragments, once */
-    uint32_t qf[4][4];
-    cp_wait<1>();
-    __syncthreads();
-    load_frags(qf, sQ + wg * TILE, warp, lane);
 
     float o[32];
     zero32(o);
@@ -440,6 +436,13 @@ __global__ void __launch_bounds__(NT)
         fence_async_smem();
         __syncthreads();
         if (kb < my_nkb) {
+            /* Q as A fragments, read from its tile at each tile (four
+             * ldmatrix a warp). Held in registers over the whole loop, which
+             * has a branch (the mask), they were overwritten: ptxas 13.0
+             * packed P into their registers after S's product, and the next
+             * tile's S read P (tools/sass_frag_check.py shows it) */
+            uint32_t qf[4][4];
+            load_frags(qf, sQ + wg * TILE, warp, lane);
             float s[32];
             zero32(s);
             wg_fence();
@@ -448,15 +451,18 @@ __global__ void __launch_bounds__(NT)
             wg_wait0();
             reg_fence(s);
             const bool diag = kb == my_nkb - 1;
+            if (diag) { /* the causal mask, on the diagonal tile only */
+#pragma unroll
+                for (int i = 0; i < 32; i++) {
+                    const int e = i & 3;
+                    if (kb * 64 + (i >> 2) * 8 + 2 * t4 + (e & 1) > qrow + (e >> 1) * 8) s[i] = -INFINITY;
+                }
+            }
             /* the running max is of the unscaled scores; the scale goes into
              * the exponent's multiply-add: p = 2^(s sl2 - max sl2) */
             float mx[2] = {mrow[0], mrow[1]};
 #pragma unroll
-            for (int i = 0; i < 32; i++) {
-                const int e = i & 3;
-                if (diag && kb * 64 + (i >> 2) * 8 + 2 * t4 + (e & 1) > qrow + (e >> 1) * 8) s[i] = -INFINITY;
-                mx[e >> 1] = fmaxf(mx[e >> 1], s[i]);
-            }
+            for (int i = 0; i < 32; i++) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
             float alpha[2], msc[2];
 #pragma unroll
             for (int r = 0; r < 2; r++) {
