@@ -27,10 +27,14 @@ else
 fi
 # the attention backward's K and V fragments, held in registers over its loop,
 # never overwritten inside it (a ptxas hazard: tools/sass_frag_check.py)
-if command -v cuobjdump >/dev/null; then
-    run_suite sass_frag_check bash -c "cuobjdump -sass '$BUILD_DIR/kernels/cuda/attention_sm90.cu.o' | python3 tools/sass_frag_check.py attn_bwd_sm90 32"
+CUOBJDUMP=$(command -v cuobjdump || echo "${CUDA_HOME:-/usr/local/cuda}/bin/cuobjdump")
+if [ -x "$CUOBJDUMP" ]; then
+    run_suite sass_frag_check bash -c \
+        'set -o pipefail; [ -f "$2" ] || { echo "sass_frag_check: $2 not found"; exit 1; }
+         "$1" -sass "$2" | python3 tools/sass_frag_check.py attn_bwd_sm90 32' \
+        _ "$CUOBJDUMP" "$BUILD_DIR/kernels/cuda/attention_sm90.cu.o"
 else
-    echo "==== sass_frag_check: not run (no cuobjdump on PATH)"
+    echo "==== sass_frag_check: not run (no cuobjdump on PATH or in \$CUDA_HOME/bin)"
 fi
 # the PyTorch fixture on the GPU: fp32 at the CPU tolerances, bf16 loss within 1e-2
 run_suite test_fixture_cuda_fp32 "$BUILD_DIR/test_fixture" --device cuda --dtype fp32

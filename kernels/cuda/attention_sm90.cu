@@ -440,7 +440,8 @@ __global__ void __launch_bounds__(NT)
              * ldmatrix a warp). Held in registers over the whole loop, which
              * has a branch (the mask), they were overwritten: ptxas 13.0
              * packed P into their registers after S's product, and the next
-             * tile's S read P (tools/sass_frag_check.py shows it) */
+             * tile's S read P (tools/sass_frag_check.py finds such writes
+             * in a kernel that holds its fragments, as the backward does) */
             uint32_t qf[4][4];
             load_frags(qf, sQ + wg * TILE, warp, lane);
             float s[32];
@@ -742,7 +743,7 @@ __global__ void __launch_bounds__(NT, 1)
         wg_wait0();
         reg_fence(dqs);
         /* the share into the accumulator, in one of three ways (a choice
-         * the same for the whole block, made once, not per element) */
+         * the same for every thread, made once a tile, not per element) */
         const int col = 32 * wg + 2 * t4;
         if (!last) {
 #pragma unroll
