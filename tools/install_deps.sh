@@ -2,9 +2,10 @@
 # tools/install_deps.sh — installs what building and testing need, from
 # Debian's packages, only where it is missing: a C compiler and make, Open MPI
 # (mpicc, mpirun), Node.js and npm (the reference tokenizer of the BPE test),
-# gnuplot (plots), clang-format (tools/format.sh, which CI runs), SLURM and munge (test/test_slurm.sh starts a one-machine
-# cluster; without their recommended extra plugins) and, with --data, the King
-# James Bible (default dataset).
+# gnuplot (plots), python3 (test/test_sass_frag_check.sh), clang-format
+# (tools/format.sh, which CI runs), SLURM and munge (test/test_slurm.sh starts
+# a one-machine cluster; without their recommended extra plugins) and, with
+# --data, the King James Bible (default dataset).
 set -eu
 want=()
 command -v gcc >/dev/null || want+=(gcc)
@@ -13,6 +14,7 @@ command -v mpicc >/dev/null || want+=(openmpi-bin libopenmpi-dev)
 command -v node >/dev/null || want+=(nodejs)
 command -v npm >/dev/null || want+=(npm)
 command -v gnuplot >/dev/null || want+=(gnuplot-nox)
+command -v python3 >/dev/null || want+=(python3)
 command -v clang-format >/dev/null || want+=(clang-format)
 slurm=()
 for c in slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client munged:munge; do
