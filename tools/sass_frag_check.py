@@ -90,16 +90,16 @@ def check(ins, nregs):
     """(fragment registers, offending instructions, whether the function has an HGMMA)"""
     if not any("HGMMA" in s for _, s in ins):
         return set(), [], False
-    frag, first = set(), None
+    frag, loaded = set(), None  # loaded: the index of the last fragment load
     for i, (_, s) in enumerate(ins):
         op, ops = split(s)
         if op.startswith("LDSM") and len(frag) < nregs:
             frag |= dest_regs(op, ops)
-            first = i
-    if first is None:
+            loaded = i
+    if loaded is None:
         return frag, [], True
     # the loop's end: the last backward branch to the lowest target after the loads
-    start_addr = ins[first][0]
+    start_addr = ins[loaded][0]
     backs = []
     for i, (addr, s) in enumerate(ins):
         op, ops = split(s)
@@ -112,7 +112,7 @@ def check(ins, nregs):
         end = max(i for t, i in backs if t == lowest)
     else:
         end = max(i for i, (_, s) in enumerate(ins) if "HGMMA" in s)
-    bad = [s for _, s in ins[first + 1:end + 1] if dest_regs(*split(s)) & frag]
+    bad = [s for _, s in ins[loaded + 1:end + 1] if dest_regs(*split(s)) & frag]
     return frag, bad, True
 
 

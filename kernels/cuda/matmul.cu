@@ -201,13 +201,11 @@ static void lt_choose(Backend* be, LtPlan* p, const LtCall* k) {
         return;
 
     /* only candidates with the first one's k-sum structure are tried */
-    int s0[3], same_structure[LT_CANDIDATES];
-    lt_sum_structure(&p->cand[0], s0);
+    int sums[LT_CANDIDATES][3], same_structure[LT_CANDIDATES];
     int ntry = 0;
     for (int i = 0; i < nc; i++) {
-        int si[3];
-        lt_sum_structure(&p->cand[i], si);
-        same_structure[i] = memcmp(si, s0, sizeof si) == 0;
+        lt_sum_structure(&p->cand[i], sums[i]);
+        same_structure[i] = memcmp(sums[i], sums[0], sizeof sums[0]) == 0;
         ntry += same_structure[i];
     }
     if (ntry < 2 && c->gemm_tune < 2) return;
@@ -287,16 +285,15 @@ static void lt_choose(Backend* be, LtPlan* p, const LtCall* k) {
                 p->key.m, p->key.n, p->key.k, p->key.transa, p->key.transb, p->key.epilogue, (double)k->beta,
                 pick, nc, ntry, same, (double)best_ms[pick], (double)best_ms[0]);
         for (int i = 0; i < nc; i++) {
-            int si[3], tile = 0, stages = 0;
+            int tile = 0, stages = 0;
             size_t w = 0;
-            lt_sum_structure(&p->cand[i], si);
             cublasLtMatmulAlgoConfigGetAttribute(
                 &p->cand[i], CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w);
             cublasLtMatmulAlgoConfigGetAttribute(
                 &p->cand[i], CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &w);
-            fprintf(stderr, "  cand %d: id %d splitk %d red %d tile %d stages %d: %.4f ms%s%s\n", i, si[0],
-                    si[1], si[2], tile, stages, (double)best_ms[i], same_structure[i] ? "" : " (other k-sum)",
-                    same_bits[i] ? " same bits" : "");
+            fprintf(stderr, "  cand %d: id %d splitk %d red %d tile %d stages %d: %.4f ms%s%s\n", i, sums[i][0],
+                    sums[i][1], sums[i][2], tile, stages, (double)best_ms[i],
+                    same_structure[i] ? "" : " (other k-sum)", same_bits[i] ? " same bits" : "");
         }
     }
 }
