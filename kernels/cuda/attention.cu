@@ -869,8 +869,10 @@ void cuda_attention_backward(Backend* be, void* dqkv, void* dbias, const void* d
     const bool fused_bias = dbias != nullptr && sm90;
     const int nblk = (T + 127) / 128;
     /* Dbuf and partial from one scratch call: a second call may reallocate
-     * and free the first one's buffer */
-    const size_t dbytes = (rows * sizeof(float) + 255) & ~(size_t)255;
+     * and free the first one's buffer. The wgmma kernel's D and lse go
+     * together, in whole 64-query tiles (attn_sm90_backward). */
+    const size_t Tp = (size_t)(T + 63) / 64 * 64;
+    const size_t dbytes = ((sm90 ? (size_t)B * NH * Tp * 2 : rows) * sizeof(float) + 255) & ~(size_t)255;
     const size_t pbytes = fused_bias ? (size_t)B * nblk * 3 * C * sizeof(float) : 0;
     /* the wgmma kernel's fp32 dQ accumulator and turn counters */
     const size_t abytes = sm90 ? rows * 64 * sizeof(float) : 0;
@@ -880,55 +882,60 @@ void cuda_attention_backward(Backend* be, void* dqkv, void* dbias, const void* d
     float* partial = fused_bias ? (float*)(scratch + dbytes) : nullptr;
     float* dqacc = (float*)(scratch + dbytes + pbytes);
     int* turn = (int*)(scratch + dbytes + pbytes + abytes);
-    const bool vec = be->dtype == DTYPE_BF16 && aligned16(dout) && aligned16(out);
-    if (vec && HS == 64)
-        attn_bwd_pre_vec<8>
-            <<<cdiv(rows * 8, 256), 256, 0, st>>>(Dbuf, (const bf16*)dout, (const bf16*)out, (long)rows, T, NH);
-    else if (vec && HS == 128)
-        attn_bwd_pre_vec<16><<<cdiv(rows * 16, 256), 256, 0, st>>>(
-            Dbuf, (const bf16*)dout, (const bf16*)out, (long)rows, T, NH);
-    else if (be->dtype == DTYPE_BF16)
-        attn_bwd_pre<bf16>
-            <<<cdiv(rows, 8), 256, 0, st>>>(Dbuf, (const bf16*)dout, (const bf16*)out, B, T, NH, HS);
-    else
-        attn_bwd_pre<float>
-            <<<cdiv(rows, 8), 256, 0, st>>>(Dbuf, (const float*)dout, (const float*)out, B, T, NH, HS);
-    LAUNCH_CHECK();
-    if (mma) {
-        const bf16* q = (const bf16*)qkv;
-        const bf16* d = (const bf16*)dout;
-        bf16* dq = (bf16*)dqkv;
-        float sl2 = scale * LOG2E;
-        if (HS == 64) {
-            if (sm90) attn_sm90_backward(st, dq, partial, dqacc, turn, d, q, lse, Dbuf, B, T, NH, sl2, scale);
-            if (nw1 == 8) attn_dkdv_launch<64, 8>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
-            else if (nw1 == 4) attn_dkdv_launch<64, 4>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
-            if (nw2 == 8) attn_dq_launch<64, 8>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
-            else if (nw2 == 4) attn_dq_launch<64, 4>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
-        } else {
-            if (nw1 == 0) nw1 = 4;
-            if (nw2 == 0) nw2 = 4;
-            if (nw1 == 8) attn_dkdv_launch<128, 8>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
-            else attn_dkdv_launch<128, 4>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
-            if (nw2 == 8) attn_dq_launch<128, 8>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
-            else attn_dq_launch<128, 4>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
-        }
+    if (sm90) {
+        /* D computed there, beside lse, in the layout its copy engine loads */
+        attn_sm90_backward(be, (bf16*)dqkv, partial, dqacc, turn, (float*)Dbuf, (const bf16*)dout,
+                           (const bf16*)out, (const bf16*)qkv, lse, B, T, NH, scale * LOG2E, scale);
     } else {
-        unsigned grid = cdiv(rows, GW);
-        if (be->dtype == DTYPE_BF16) {
-            attn_bwd_dq_generic<bf16><<<grid, GW * 32, 0, st>>>(
-                (bf16*)dqkv, (const bf16*)dout, (const bf16*)qkv, lse, Dbuf, B, T, NH, HS, scale);
-            LAUNCH_CHECK();
-            attn_bwd_dkdv_generic<bf16><<<grid, GW * 32, 0, st>>>(
-                (bf16*)dqkv, (const bf16*)dout, (const bf16*)qkv, lse, Dbuf, B, T, NH, HS, scale);
-        } else {
-            attn_bwd_dq_generic<float><<<grid, GW * 32, 0, st>>>(
-                (float*)dqkv, (const float*)dout, (const float*)qkv, lse, Dbuf, B, T, NH, HS, scale);
-            LAUNCH_CHECK();
-            attn_bwd_dkdv_generic<float><<<grid, GW * 32, 0, st>>>(
-                (float*)dqkv, (const float*)dout, (const float*)qkv, lse, Dbuf, B, T, NH, HS, scale);
-        }
+        const bool vec = be->dtype == DTYPE_BF16 && aligned16(dout) && aligned16(out);
+        if (vec && HS == 64)
+            attn_bwd_pre_vec<8><<<cdiv(rows * 8, 256), 256, 0, st>>>(
+                Dbuf, (const bf16*)dout, (const bf16*)out, (long)rows, T, NH);
+        else if (vec && HS == 128)
+            attn_bwd_pre_vec<16><<<cdiv(rows * 16, 256), 256, 0, st>>>(
+                Dbuf, (const bf16*)dout, (const bf16*)out, (long)rows, T, NH);
+        else if (be->dtype == DTYPE_BF16)
+            attn_bwd_pre<bf16>
+                <<<cdiv(rows, 8), 256, 0, st>>>(Dbuf, (const bf16*)dout, (const bf16*)out, B, T, NH, HS);
+        else
+            attn_bwd_pre<float>
+                <<<cdiv(rows, 8), 256, 0, st>>>(Dbuf, (const float*)dout, (const float*)out, B, T, NH, HS);
         LAUNCH_CHECK();
+        if (mma) {
+            const bf16* q = (const bf16*)qkv;
+            const bf16* d = (const bf16*)dout;
+            bf16* dq = (bf16*)dqkv;
+            float sl2 = scale * LOG2E;
+            if (HS == 64) {
+                if (nw1 == 8) attn_dkdv_launch<64, 8>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
+                else if (nw1 == 4) attn_dkdv_launch<64, 4>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
+                if (nw2 == 8) attn_dq_launch<64, 8>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
+                else if (nw2 == 4) attn_dq_launch<64, 4>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
+            } else {
+                if (nw1 == 0) nw1 = 4;
+                if (nw2 == 0) nw2 = 4;
+                if (nw1 == 8) attn_dkdv_launch<128, 8>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
+                else attn_dkdv_launch<128, 4>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
+                if (nw2 == 8) attn_dq_launch<128, 8>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
+                else attn_dq_launch<128, 4>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
+            }
+        } else {
+            unsigned grid = cdiv(rows, GW);
+            if (be->dtype == DTYPE_BF16) {
+                attn_bwd_dq_generic<bf16><<<grid, GW * 32, 0, st>>>(
+                    (bf16*)dqkv, (const bf16*)dout, (const bf16*)qkv, lse, Dbuf, B, T, NH, HS, scale);
+                LAUNCH_CHECK();
+                attn_bwd_dkdv_generic<bf16><<<grid, GW * 32, 0, st>>>(
+                    (bf16*)dqkv, (const bf16*)dout, (const bf16*)qkv, lse, Dbuf, B, T, NH, HS, scale);
+            } else {
+                attn_bwd_dq_generic<float><<<grid, GW * 32, 0, st>>>(
+                    (float*)dqkv, (const float*)dout, (const float*)qkv, lse, Dbuf, B, T, NH, HS, scale);
+                LAUNCH_CHECK();
+                attn_bwd_dkdv_generic<float><<<grid, GW * 32, 0, st>>>(
+                    (float*)dqkv, (const float*)dout, (const float*)qkv, lse, Dbuf, B, T, NH, HS, scale);
+            }
+            LAUNCH_CHECK();
+        }
     }
     /* after the kernels on the same stream; cuda_bias_colsum_add's own
      * scratch call may reuse Dbuf's memory (queued after the kernels that

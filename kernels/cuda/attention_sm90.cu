@@ -8,7 +8,8 @@
  *
  * Shared-memory tiles: rows of 64 bf16 = 128 bytes, stored with the 128-byte
  * swizzle that wgmma reads (16-byte chunk c of row r at chunk c ^ (r & 7),
- * every tile 1024-byte aligned), filled by cp.async. One tile layout serves
+ * every tile 1024-byte aligned), filled by cp.async in the forward and by
+ * the copy engine (TMA, the same swizzle) in the backward. One layout serves
  * both ways wgmma reads an operand:
  *  - K-major (the reduction runs along the row: Q, K, V, dO as A or B of
  *    S = Q K^T, dP = dO V^T): k-step kk starts 32 bytes further on;
@@ -27,10 +28,12 @@
  * while dV runs, and a tile's dK product is issued with the next tile's
  * first ones.
  *
- * A block is two warpgroups (256 threads); warpgroup w owns 64 rows (queries
- * in the forward, keys in the backward) and the two share the tiles of the
- * other side, 64 rows each, in three stages. Each warp holds 16 rows:
- * lane (g = lane/4, t = lane%4) holds rows g and g+8, columns 8j + 2t, +1.
+ * A block computes with two warpgroups (256 threads); warpgroup w owns 64
+ * rows (queries in the forward, keys in the backward) and the two share the
+ * tiles of the other side, 64 rows each, in three stages. The backward has
+ * a third warpgroup that loads and keeps the dQ turns (see attn_bwd_sm90).
+ * Each warp holds 16 rows: lane (g = lane/4, t = lane%4) holds rows g and
+ * g+8, columns 8j + 2t, +1.
  *
  * Asked for the qkv bias gradient, the backward kernel also sums the
  * columns of what it stores (the bf16 values as written) over the block's
@@ -41,6 +44,9 @@
  * portable PTX); attention.cu calls them only on a compute capability 9.0
  * device, and elsewhere the mma.sync kernels run. */
 #include "common.cuh"
+
+#include <cuda.h> /* CUtensorMap (the driver's encoder is found at run time) */
+#include <cudaTypedefs.h>
 
 #include <math.h>
 
@@ -54,10 +60,20 @@
 static constexpr int HS = 64;         /* head size these kernels serve */
 static constexpr int ROW = HS * 2;    /* bytes per tile row */
 static constexpr int TILE = 64 * ROW; /* one 64-row tile: 8 KB */
-static constexpr int NT = 256;        /* threads a block: two warpgroups */
+static constexpr int NT = 256;        /* threads a block (the backward's compute warps): two warpgroups */
+/* the backward: its two compute warpgroups and a producer warpgroup, of
+ * which warp 8 loads the tiles and warp 9 keeps the dQ turns */
+static constexpr int NT_BWD = NT + 128;
 
 #ifdef ATTN_SM90
 namespace {
+
+static constexpr int LOAD_WARP = 8, TURN_WARP = 9;
+/* the backward's named barriers */
+static constexpr int BAR_CONS = 1; /* the compute warps (NT threads) */
+static constexpr int BAR_GO = 2; /* a tile's dQ product may start: compute warps wait, the turn warp arrives */
+static constexpr int BAR_DONE = 3; /* a tile's dQ share is written: compute warps arrive, the turn warp waits */
+static constexpr int NT_TURN = NT + 32; /* threads at BAR_GO and BAR_DONE */
 
 /* ---- shared-memory tiles ---- */
 __device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -85,20 +101,14 @@ __device__ __forceinline__ void load_tile(uint32_t sm, const bf16* base, int t0,
                      "r"(ok ? 16 : 0));
     }
 }
-/* values [t0, t0 + 64) of a per-query vector (lse, D) into 64 floats at
- * shared address sm, 4 bytes a thread (threads 0..63, in the same cp.async
- * group as the tiles); rows >= T read as 0 */
-__device__ __forceinline__ void load_row_values(uint32_t sm, const float* src, int t0, int T) {
-    if (threadIdx.x < 64) {
-        const int t = t0 + (int)threadIdx.x;
-        const bool ok = t < T;
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(sm + 4 * threadIdx.x),
-                     "l"(src + (ok ? t : 0)), "r"(ok ? 4 : 0));
-    }
-}
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void cp_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+/* waits until at most n (0 or 1) of this thread's cp.async groups are in flight */
+__device__ __forceinline__ void cp_wait_upto(bool one) {
+    if (one) cp_wait<1>();
+    else cp_wait<0>();
 }
 /* cp.async's writes become visible to wgmma (the async proxy) after this in
  * every writing thread, then a barrier */
@@ -313,17 +323,61 @@ __device__ __forceinline__ int ld_acquire(const int* p) {
 __device__ __forceinline__ void st_release(int* p, int v) {
     asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
-/* waits until the counter at p holds v; seen: what an earlier read of it
- * returned (issued ahead, so that its latency hid behind other work),
- * updated by the reads here */
-__device__ __forceinline__ void spin_until(const int* p, int v, int& seen) {
-    while (seen != v) {
-        __nanosleep(64);
-        seen = ld_acquire(p);
-    }
-}
 __device__ __forceinline__ void red_add2(float* p, float x, float y) {
     asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(x), "f"(y) : "memory");
+}
+
+/* ---- the backward's producer warps: mbarriers, the copy engine, named barriers ---- */
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+/* one arrival that also expects `bytes` from the copy engine in this phase */
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+/* waits until the phase of parity `parity` has completed (phases count
+ * from 0: a waiter for the n-th completion passes n & 1) */
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile("{\n.reg .pred done;\nWAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra WAIT;\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+/* whether the phase of parity `parity` has completed, without waiting */
+__device__ __forceinline__ bool mbar_test(uint32_t bar, uint32_t parity) {
+    uint32_t ok;
+    asm volatile("{\n.reg .pred done;\n"
+                 "mbarrier.test_wait.parity.shared::cta.b64 done, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, done;\n}\n"
+                 : "=r"(ok)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
+    return ok != 0;
+}
+/* one 64-row tile of a head (rows t0 .. t0 + 63; rows >= T read as zeros)
+ * from the tensor map's [B][T][heads][64] view into the swizzled tile at
+ * dst, completing on the mbarrier bar (8 KB of its expected bytes) */
+__device__ __forceinline__ void tma_tile(uint32_t dst, const CUtensorMap* map, int head, int t0, int b,
+                                         uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
+        "%4, %5}], [%6];\n" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(head), "r"(t0), "r"(b), "r"(bar)
+        : "memory");
+}
+/* named barriers among some warps of the block (id 0 is __syncthreads'):
+ * sync waits for `count` threads in all, arrive counts this warp without
+ * waiting. A barrier orders the shared and global accesses before it in
+ * the arriving threads before those after it in the waiting ones. */
+__device__ __forceinline__ void named_sync(int id, int count) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int count) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
 /* ---- the qkv bias gradient's column sums (the backward's epilogues) ---- */
@@ -352,8 +406,8 @@ template <int N, int V> __device__ __forceinline__ void halve(float (&v)[V], int
  * instead of 96: this runs in every block's tail, where nothing hides it),
  * leaving each lane the sums of NQ * 2 of the columns; then over the
  * block's 8 warps in warp order through red (shared, NQ * 8 * 64 floats).
- * A fixed order: the same bits every run. Every thread of the block calls
- * it (a barrier inside). */
+ * A fixed order: the same bits every run. Every thread of the backward's two
+ * compute warpgroups calls it (their named barrier inside). */
 template <int NQ>
 __device__ __forceinline__ void block_colsum(float (&cs)[NQ][16], float* red, float* dst, int qstride) {
     static_assert(NT == 256, "block_colsum adds the 8 warps of a two-warpgroup block");
@@ -375,7 +429,7 @@ __device__ __forceinline__ void block_colsum(float (&cs)[NQ][16], float* red, fl
         const int o = base + i, q = o >> 4, r = o & 15;
         red[(q * 8 + w) * 64 + 8 * (r >> 1) + 2 * (lane & 3) + (r & 1)] = v[i];
     }
-    __syncthreads();
+    named_sync(BAR_CONS, NT);
     if (threadIdx.x < NQ * 64) {
         const int q = threadIdx.x >> 6, col = threadIdx.x & 63;
         float s = 0.0f;
@@ -388,11 +442,12 @@ __device__ __forceinline__ void block_colsum(float (&cs)[NQ][16], float* red, fl
 } // namespace
 #endif
 
-/* Both kernels keep three stages of the tiles they walk: the loads for tile
- * i + 1 go into the stage that tile i - 2 used, whose MMAs every warp
- * finished before tile i - 1's barrier. The forward so needs one barrier a
- * tile; in the backward a tile's dK MMA runs on into the next tile's first
- * ones instead of being waited for before the barrier. */
+/* Both kernels keep three stages of the tiles they walk. In the forward the
+ * loads for tile i + 1 go into the stage that tile i - 2 used, whose MMAs
+ * every warp finished before tile i - 1's barrier: one barrier a tile. In
+ * the backward a stage is free once each compute warp has waited for the
+ * last product reading it (a tile's dK product, which runs on into the next
+ * tile's first ones) and arrived on its empty mbarrier. */
 static constexpr int NSTAGE = 3;
 constexpr size_t SM90_SMEM_FWD = 1024 + 2 * TILE + 2 * NSTAGE * TILE; /* Q[128], K, V [NSTAGE][64] */
 
@@ -525,23 +580,46 @@ __global__ void __launch_bounds__(NT)
 /* many shares are in; a block waits until it is its share's. BIAS: the      */
 /* column sums of dK and dV, and of dQ (key block 0's, over all the queries) */
 /* ------------------------------------------------------------------------ */
-static constexpr int ACC_LD = 72; /* the accumulator tile's rows in shared memory: 64 floats + 8 (banks) */
-constexpr size_t SM90_SMEM_BWD = 1024 + 4 * TILE + 2 * NSTAGE * TILE + 2 * TILE + 64 * ACC_LD * 4 +
-                                 2 * NSTAGE * 64 * 4; /* K, V [128]; Q, dO [3][64]; dS^T [128]; acc; lse, D */
+/* Three warpgroups. The two compute warpgroups (threads 0..255) own 64 keys
+ * each; they load nothing of a tile that wgmma reads and never touch a turn
+ * counter. In the producer warpgroup:
+ *  - the load warp (one thread) brings K and V, then each query tile's Q and
+ *    dO through the copy engine (tensor maps: rows past T read as zeros),
+ *    NSTAGE stages deep: a stage's full mbarrier completes when its bytes
+ *    have landed, its empty one when all 8 compute warps are done with it;
+ *  - the turn warp waits for each tile's turn, lets the dQ product start
+ *    (BAR_GO, an arrival), waits until every compute thread has written its
+ *    share (BAR_DONE) and passes the turn on: the release's fence, hundreds
+ *    of cycles, stalls no compute warp.
+ * What the compute threads read with ordinary loads comes by cp.async, so
+ * that the race checker sees each read ordered after its write by a barrier
+ * (it does not follow mbarriers): a tile's (lse, D) pairs, 512 bytes, copied
+ * two tiles ahead by compute warp 0 into three buffers and waited for before
+ * the BAR_GO before their tile; and key block 0's accumulator values, each
+ * thread copying only the 16 it adds to (so no barrier at all), once the
+ * turn warp has seen the turn (the seen mbarrier, a release after its
+ * acquire) or else after BAR_GO. The producer warpgroup keeps 40 registers a
+ * thread (at 24 its loops spilled), the compute warps 232. */
+/* K, V [128]; Q, dO [NSTAGE][64]; dS^T [2][128]; acc [8][NT] float pairs; (lse, D) [3][64]; mbarriers */
+constexpr size_t SM90_SMEM_BWD =
+    1024 + 4 * TILE + 2 * NSTAGE * TILE + 4 * TILE + 8 * NT * 8 + 3 * 64 * 8 + 8 * (2 * NSTAGE + 2);
 
 template <bool BIAS>
-__global__ void __launch_bounds__(NT, 1)
-    attn_bwd_sm90(bf16* dqkv, float* partial, float* dqacc, int* turn, const bf16* dout, const bf16* qkv,
-                  const float* lse, const float* Dbuf, int T, int NH, float sl2, float scale) {
+__global__ void __launch_bounds__(NT_BWD, 1)
+    attn_bwd_sm90(const __grid_constant__ CUtensorMap tm_qkv, const __grid_constant__ CUtensorMap tm_dout,
+                  bf16* dqkv, float* partial, float* dqacc, int* turn, const float* ld, int T, int NH,
+                  float sl2, float scale) {
 #ifdef ATTN_SM90
     const uint32_t sK = smem_base(), sV = sK + 2 * TILE, sQ = sV + 2 * TILE, sO = sQ + NSTAGE * TILE;
-    const uint32_t sS = sO + NSTAGE * TILE; /* dS^T of the tile: [128 keys][64 queries], a tile a warpgroup */
-    const uint32_t sA = sS + 2 * TILE;      /* key block 0: the accumulator's tile, [64][ACC_LD] floats */
-    const uint32_t sL = sA + 64 * ACC_LD * 4, sDv = sL + NSTAGE * 64 * 4; /* lse, D: [NSTAGE][64] floats */
+    const uint32_t sS = sO + NSTAGE * TILE; /* dS^T of a tile: [128 keys][64 queries], two buffers */
+    const uint32_t sA = sS + 4 * TILE;      /* key block 0: [8][NT] float pairs, a thread's own */
+    const uint32_t sL = sA + 8 * NT * 8;    /* a query's (-log2(e) lse, D): [3][64] float pairs */
+    /* mbarriers: a stage's full and empty, K and V loaded, a turn seen */
+    const uint32_t full = sL + 3 * 64 * 8, empty = full + 8 * NSTAGE, kv_bar = empty + 8 * NSTAGE,
+                   seen_bar = kv_bar + 8; /* key block 0: a tile's turn seen */
     extern __shared__ __align__(1024) unsigned char smraw[];
-    const float* lse_s = (const float*)(smraw + (sL - smem_addr(smraw)));
-    const float* D_s = (const float*)(smraw + (sDv - smem_addr(smraw)));
-    const float* acc_s = (const float*)(smraw + (sA - smem_addr(smraw)));
+    const float* ld_s = (const float*)(smraw + (sL - smem_addr(smraw)));
+    const float2* acc_s = (const float2*)(smraw + (sA - smem_addr(smraw)));
     const int nkb = gridDim.x, nqb = (T + 63) / 64;
     /* The block's work in the order blocks start (a ticket from a counter
      * after the turn counters): a head's key blocks from the last to the
@@ -550,42 +628,104 @@ __global__ void __launch_bounds__(NT, 1)
      * smaller tickets still: every wait ends, whatever order the GPU starts
      * blocks in. */
     __shared__ int ticket_s;
-    if (threadIdx.x == 0) ticket_s = atomicAdd(turn + (size_t)gridDim.y * nqb, 1);
+    if (threadIdx.x == 0) {
+        ticket_s = atomicAdd(turn + (size_t)gridDim.y * nqb, 1);
+#pragma unroll
+        for (int s = 0; s < NSTAGE; s++) {
+            mbar_init(full + 8 * s, 1);  /* the load warp's, with the bytes to expect */
+            mbar_init(empty + 8 * s, 8); /* one arrival a compute warp */
+        }
+        mbar_init(kv_bar, 1);
+        mbar_init(seen_bar, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
     __syncthreads();
     const int ticket = ticket_s;
     const int kb = nkb - 1 - ticket % nkb;
     const int bh = ticket / nkb, b = bh / NH, h = bh % NH;
     const int C = NH * HS, C3 = 3 * C;
-    const bf16* base = qkv + (size_t)b * T * C3 + h * HS;
-    const bf16* obase = dout + (size_t)b * T * C + h * HS;
-    const float* lse_bh = lse + (size_t)bh * T;
-    const float* D_bh = Dbuf + (size_t)bh * T;
-    const int wg = warpgroup(), warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-    const int g = lane >> 2, t4 = lane & 3;
-    const int k0 = kb * 128, kw = k0 + wg * 64;
+    const int wg = warpgroup(), lane = threadIdx.x & 31;
+    const int k0 = kb * 128;
     const int qb0 = k0 / 64;
+    const bool last = kb == 0; /* key block 0's share is always a query tile's last */
+    float* acc_bh = dqacc + (size_t)bh * T * 64;
+
+    if (wg == 2) {
+        /* ---- the producer warpgroup ---- */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        const int pw = threadIdx.x >> 5;
+        if (pw == LOAD_WARP && lane == 0) {
+            mbar_expect_tx(kv_bar, 4 * TILE);
+            tma_tile(sK, &tm_qkv, NH + h, k0, b, kv_bar);
+            tma_tile(sK + TILE, &tm_qkv, NH + h, k0 + 64, b, kv_bar);
+            tma_tile(sV, &tm_qkv, 2 * NH + h, k0, b, kv_bar);
+            tma_tile(sV + TILE, &tm_qkv, 2 * NH + h, k0 + 64, b, kv_bar);
+            for (int qb = qb0; qb < nqb; qb++) {
+                const int i = qb - qb0, st = i % NSTAGE;
+                if (i >= NSTAGE) mbar_wait(empty + 8 * st, ((i / NSTAGE) - 1) & 1);
+                mbar_expect_tx(full + 8 * st, 2 * TILE);
+                tma_tile(sQ + st * TILE, &tm_qkv, h, qb * 64, b, full + 8 * st);
+                tma_tile(sO + st * TILE, &tm_dout, h, qb * 64, b, full + 8 * st);
+            }
+        } else if (pw == TURN_WARP) {
+            int* turn_bh = turn + (size_t)bh * nqb;
+            for (int qb = qb0; qb < nqb; qb++) {
+                const int first = qb >> 1;     /* the key block whose share comes first */
+                const bool lead = kb == first; /* this block's share is the first */
+                if (!lead) {
+                    /* the shares of the key blocks first .. kb + 1 are in */
+                    if (lane == 0)
+                        while (ld_acquire(turn_bh + qb) != first - kb) __nanosleep(64);
+                    /* key block 0: the compute warps may read the accumulator
+                     * as soon as this phase (the (qb - 2)-th) completes (a
+                     * release after the acquire), before BAR_GO if they look
+                     * in time. Waited for here too: every phase of an
+                     * mbarrier is to be observed before the next begins (a
+                     * compute warp that looked too late never sees it). */
+                    if (last && lane == 0) {
+                        mbar_arrive(seen_bar);
+                        mbar_wait(seen_bar, qb & 1);
+                    }
+                }
+                __syncwarp();
+                named_arrive(BAR_GO, NT_TURN);
+                named_sync(BAR_DONE, NT_TURN);
+                /* every compute thread's writes of the share came before
+                 * BAR_DONE; the release is cumulative and passes them on */
+                if (!last && lane == 0) st_release(turn_bh + qb, first - kb + 1);
+            }
+        }
+        return;
+    }
+
+    /* ---- the compute warpgroups ---- */
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int warp = (threadIdx.x >> 5) & 3;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int kw = k0 + wg * 64;
     const int my_qb0 = kw / 64;
     const int krow = kw + warp * 16 + g;
-    float* acc_bh = dqacc + (size_t)bh * T * 64;
-    int* turn_bh = turn + (size_t)bh * nqb;
 
-    auto load_q_tile = [&](int qb, int st) {
-        load_tile<64>(sQ + st * TILE, base, qb * 64, T, C3);
-        load_tile<64>(sO + st * TILE, obase, qb * 64, T, C);
-        load_row_values(sL + st * 256, lse_bh, qb * 64, T);
-        load_row_values(sDv + st * 256, D_bh, qb * 64, T);
+    /* a query tile's (lse, D) pairs, 512 bytes: warp 0 copies those of the
+     * tile after next at a tile's start and waits for the next tile's before
+     * BAR_GO (three buffers); the first two before the loop */
+    const float* ld_bh = ld + (size_t)bh * nqb * 64 * 2;
+    auto copy_ld = [&](int qb, int buf) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sL + buf * 64 * 8 + 16 * lane),
+                     "l"(ld_bh + qb * 64 * 2 + 4 * lane));
+        cp_commit();
     };
-    load_tile<128>(sK, base + C, k0, T, C3);
-    load_tile<128>(sV, base + 2 * C, k0, T, C3);
-    cp_commit();
-    load_q_tile(qb0, 0);
-    cp_commit();
-
+    const bool ld_warp = warp == 0 && wg == 0;
+    if (ld_warp) {
+        copy_ld(qb0, 0);
+        if (qb0 + 1 < nqb) copy_ld(qb0 + 1, 1);
+        cp_wait_upto(qb0 + 1 < nqb);
+    }
     uint32_t kf[4][4], vf[4][4];
-    cp_wait<1>();
-    __syncthreads();
+    mbar_wait(kv_bar, 0);
     load_frags(kf, sK + wg * TILE, warp, lane);
     load_frags(vf, sV + wg * TILE, warp, lane);
+    named_sync(BAR_CONS, NT);
 
     float dk[32], dv[32];
     zero32(dk);
@@ -593,50 +733,44 @@ __global__ void __launch_bounds__(NT, 1)
     uint32_t pa[4][4], da[4][4];
     bool pend = false;
     int pend_st = 0;
-    /* a query tile whose turn this block still has to pass on (the value the
-     * counter then takes), once every thread's adds to it are visible */
-    int rel = -1, rel_val = 0;
     float csq[8]; /* BIAS, key block 0: sums of this thread's stored dQ (its 8 columns) */
     if constexpr (BIAS) {
 #pragma unroll
         for (int i = 0; i < 8; i++) csq[i] = 0.0f;
     }
-    const bool last = kb == 0; /* key block 0's share is always a query tile's last */
-    /* thread 0: the turn counter as read for the next wait, the read issued
-     * beside a tile's first products (a middle share waits later in the same
-     * tile, key block 0 at the start of the next) */
-    int seen = 0;
-    for (int qb = qb0; qb < nqb; qb++) {
-        const int cur = (qb - qb0) % NSTAGE;
-        const int first = qb >> 1;       /* the key block whose share comes first */
-        const bool lead = kb == first;   /* this block's share is the first */
-        const bool read = last && !lead; /* key block 0 after others: reads the accumulator */
-        /* key block 0 waits for its turn before the tile, so that the
-         * accumulator's tile loads while the tile's MMAs run */
-        if (read && threadIdx.x == 0) spin_until(turn_bh + qb, first, seen);
-        cp_wait<0>();
-        fence_async_smem();
-        __syncthreads();
-        if (read) {
+    /* Key block 0 after the others: what the accumulator holds of this
+     * thread's 16 elements of the tile's dQ, copied once the turn is in into
+     * slots of shared memory that only this thread writes and reads (pair k
+     * of thread x at acc_s[k][x]: no bank conflict, no barrier, no registers
+     * held): at the end of the tile's first products when the turn warp has
+     * already seen the turn, else after BAR_GO, to land while the dQ
+     * product runs. */
+    const int col = 32 * wg + 2 * t4;
+    auto copy_acc = [&](int qb) {
 #pragma unroll
-            for (int k = 0; k < 64 * 16 / NT; k++) {
-                const int i = threadIdx.x + k * NT;
-                const int r = i >> 4, c = i & 15, t = qb * 64 + r;
-                const bool ok = t < T;
-                asm volatile(
-                    "cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sA + (r * ACC_LD + c * 4) * 4),
-                    "l"(acc_bh + (size_t)(ok ? t : 0) * 64 + c * 4), "r"(ok ? 16 : 0));
-            }
-            cp_commit();
+        for (int r = 0; r < 2; r++) {
+            const int q = qb * 64 + warp * 16 + g + r * 8;
+            const bool ok = q < T;
+#pragma unroll
+            for (int jj = 0; jj < 4; jj++)
+                asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(
+                                 sA + ((r * 4 + jj) * NT + threadIdx.x) * 8),
+                             "l"(acc_bh + (size_t)(ok ? q : 0) * 64 + col + 8 * jj), "r"(ok ? 8 : 0));
         }
-        if (qb + 1 < nqb) {
-            load_q_tile(qb + 1, (qb + 1 - qb0) % NSTAGE);
-            cp_commit();
-        }
+        cp_commit();
+    };
+    for (int qb = qb0; qb < nqb; qb++) {
+        const int i = qb - qb0, cur = i % NSTAGE;
+        const int first = qb >> 1;     /* the key block whose share comes first */
+        const bool lead = kb == first; /* this block's share is the first */
+        const bool reads_acc = last && !lead;
+        bool acc_sent = false;
+        const uint32_t sSi = sS + (i & 1) * 2 * TILE;
+        if (ld_warp && qb + 2 < nqb) copy_ld(qb + 2, (i + 2) % 3);
         if (qb >= my_qb0 && kw < T) {
+            mbar_wait(full + 8 * cur, (i / NSTAGE) & 1);
             const uint32_t Qc = sQ + cur * TILE, Oc = sO + cur * TILE;
-            const float* lsec = lse_s + cur * 64;
-            const float* Dc = D_s + cur * 64;
+            const float* ldc = ld_s + (i % 3) * 64 * 2;
             float st[32], dpt[32];
             wg_fence();
             mma_abt(st, kf, Qc);
@@ -652,22 +786,19 @@ __global__ void __launch_bounds__(NT, 1)
             } else {
                 wg_commit();
             }
-            if (threadIdx.x == 0) {
-                if (!last && !lead) seen = ld_acquire(turn_bh + qb);
-                else if (last && qb + 1 < nqb && ((qb + 1) >> 1) != 0) seen = ld_acquire(turn_bh + qb + 1);
-            }
             wg_wait<2>();
             reg_fence(st);
             const bool diag = qb == my_qb0;
             float nl[16], Dq[16];
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const float2 l2 = *reinterpret_cast<const float2*>(lsec + 8 * j + 2 * t4);
-                const float2 d2 = *reinterpret_cast<const float2*>(Dc + 8 * j + 2 * t4);
-                nl[2 * j] = -LOG2E * l2.x;
-                nl[2 * j + 1] = -LOG2E * l2.y;
-                Dq[2 * j] = d2.x;
-                Dq[2 * j + 1] = d2.y;
+            for (int j = 0; j < 8; j++) { /* queries 8j + 2t4, +1 (as two 8-byte loads: one of 16 left
+                                             * the compute warps a few registers short) */
+                const float2 v = *reinterpret_cast<const float2*>(ldc + 2 * (8 * j + 2 * t4));
+                const float2 w = *reinterpret_cast<const float2*>(ldc + 2 * (8 * j + 2 * t4) + 2);
+                nl[2 * j] = v.x;
+                Dq[2 * j] = v.y;
+                nl[2 * j + 1] = w.x;
+                Dq[2 * j + 1] = w.y;
             }
 #pragma unroll
             for (int i = 0; i < 32; i++) st[i] = ex2(fmaf(st[i], sl2, nl[(i >> 2) * 2 + (i & 1)])); /* P^T */
@@ -696,22 +827,27 @@ __global__ void __launch_bounds__(NT, 1)
             reg_fence(pa);
             reg_fence(da);
             to_frags(da, dpt);
-            store_frags(sS + wg * TILE, da, warp, lane); /* for the dQ share, both warpgroups' keys */
+            store_frags(sSi + wg * TILE, da, warp, lane); /* for the dQ share, both warpgroups' keys */
             pend = true;
             pend_st = cur;
+            /* key block 0 reads its tiles 2, 3, ...: the (qb - 2)-th phase */
+            if (reads_acc && mbar_test(seen_bar, qb & 1)) {
+                copy_acc(qb);
+                acc_sent = true;
+            }
         }
+        /* the tile before's stage: its last reader, that tile's dK product,
+         * was waited for above (a warpgroup computes every tile from its
+         * first on, so nothing of it is still pending otherwise) */
+        if (i > 0 && lane == 0) mbar_arrive(empty + 8 * ((i - 1) % NSTAGE));
+        if (ld_warp && qb + 1 < nqb) cp_wait_upto(qb + 2 < nqb); /* the next tile's */
         fence_async_smem();
-        if (read) {
-            if (qb + 1 < nqb) cp_wait<1>();
-            else cp_wait<0>();
-        }
-        /* a middle share waits for its turn as late as it can */
-        if (!last && !lead && threadIdx.x == 0) spin_until(turn_bh + qb, first - kb, seen);
-        /* the previous tile's adds, every thread's, come before this barrier,
-         * and one thread's release after it passes them all on (a release
-         * is cumulative): no thread needs a fence of its own, whose wait for
-         * every earlier access of the thread would stall the tile */
-        __syncthreads();
+        /* both warpgroups' dS^T stored, and the share's turn come (the turn
+         * warp arrives when it has seen it). dS^T has two buffers: the one
+         * this tile writes was last read by the dQ product two tiles ago,
+         * which every warp waited for before this barrier's last phase. */
+        named_sync(BAR_GO, NT_TURN);
+        if (reads_acc && !acc_sent) copy_acc(qb);
 
         /* this tile's share of dQ: 64 queries x this warpgroup's 32 columns,
          * over the block's keys that see the tile (the second warpgroup's
@@ -720,7 +856,7 @@ __global__ void __launch_bounds__(NT, 1)
          * commit each on its own. */
         float dqs[16];
         {
-            const uint64_t ad = desc(sS), bd = desc(sK + wg * 64);
+            const uint64_t ad = desc(sSi), bd = desc(sK + wg * 64);
             wg_fence();
             mma_ss_tt_n32<true>(dqs, ad, bd);
             if (qb > qb0 && k0 + 64 < T) {
@@ -735,16 +871,10 @@ __global__ void __launch_bounds__(NT, 1)
                 wg_commit();
             }
         }
-        /* the previous tile's turn, passed on while the product runs: the
-         * release's fence (a MEMBAR.GPU, hundreds of cycles) held up warp 0,
-         * and so warpgroup 0's MMAs, when it came before their issue */
-        if (rel >= 0 && threadIdx.x == 0) st_release(turn_bh + rel, rel_val);
-        rel = -1;
         wg_wait0();
         reg_fence(dqs);
         /* the share into the accumulator, in one of three ways (a choice
          * the same for every thread, made once a tile, not per element) */
-        const int col = 32 * wg + 2 * t4;
         if (!last) {
 #pragma unroll
             for (int r = 0; r < 2; r++) {
@@ -763,7 +893,8 @@ __global__ void __launch_bounds__(NT, 1)
                     }
                 }
             }
-        } else { /* key block 0's, the last: added to the accumulator's tile, scaled, stored in bf16 */
+        } else { /* key block 0's, the last: added to what the accumulator holds, scaled, stored in bf16 */
+            if (!lead) cp_wait<0>();
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 const int tr = warp * 16 + g + r * 8, q = qb * 64 + tr;
@@ -772,7 +903,7 @@ __global__ void __launch_bounds__(NT, 1)
                 for (int jj = 0; jj < 4; jj++) {
                     float x = dqs[4 * jj + 2 * r], y = dqs[4 * jj + 2 * r + 1];
                     if (!lead) {
-                        const float2 o = *reinterpret_cast<const float2*>(acc_s + tr * ACC_LD + col + 8 * jj);
+                        const float2 o = acc_s[(r * 4 + jj) * NT + threadIdx.x];
                         x = o.x + x;
                         y = o.y + y;
                     }
@@ -782,15 +913,11 @@ __global__ void __launch_bounds__(NT, 1)
                 }
             }
         }
-        if (!last) {
-            rel = qb;
-            rel_val = first - kb + 1;
-        }
+        named_arrive(BAR_DONE, NT_TURN);
     }
     if (pend) mma_pb_wait(dk, da, sQ + pend_st * TILE); /* the last tile's dK */
-    /* every warp is done with K's tiles (read by the dQ products) and dS^T's */
-    __syncthreads();
-    if (rel >= 0 && threadIdx.x == 0) st_release(turn_bh + rel, rel_val);
+    /* every compute warp is done with K's tiles (read by the dQ products) */
+    named_sync(BAR_CONS, NT);
     /* dK (scaled) and dV in bf16 as A fragments, their rows stored into K's
      * and V's tiles (stmatrix), then copied out in 16-byte pieces: a thread
      * writing its fragments straight to dqkv needs 32 four-byte stores */
@@ -818,7 +945,7 @@ __global__ void __launch_bounds__(NT, 1)
     }
     store_frags(sK + wg * TILE, kfr, warp, lane);
     store_frags(sV + wg * TILE, vfr, warp, lane);
-    __syncthreads();
+    named_sync(BAR_CONS, NT);
 #pragma unroll
     for (int k = 0; k < 128 * 8 / NT; k++) {
         const int i = threadIdx.x + k * NT, r = i >> 3, c = i & 7, key = k0 + r;
@@ -848,7 +975,8 @@ __global__ void attn_sm90_probe(int* flag) {
 }
 
 bool attn_sm90_init(Backend* be) {
-    cudaStream_t st = cuda_ctx(be)->stream;
+    CudaCtx* c = cuda_ctx(be);
+    cudaStream_t st = c->stream;
     int* dflag = (int*)cuda_scratch(be, sizeof(int));
     int flag = 0;
     attn_sm90_probe<<<1, 1, 0, st>>>(dflag);
@@ -856,6 +984,18 @@ bool attn_sm90_init(Backend* be) {
     CUDA_CHECK(cudaMemcpyAsync(&flag, dflag, sizeof(int), cudaMemcpyDeviceToHost, st));
     CUDA_CHECK(cudaStreamSynchronize(st));
     if (!flag) return false;
+    /* the backward's tensor maps are made by the driver's encoder, looked
+     * up here (no link against the driver library); without it the mma.sync
+     * kernels run */
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) !=
+            cudaSuccess ||
+        q != cudaDriverEntryPointSuccess || !fn) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    c->tmap_encode = fn;
     CUDA_CHECK(
         cudaFuncSetAttribute(attn_fwd_sm90, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SM90_SMEM_FWD));
     CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_sm90<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -872,12 +1012,67 @@ void attn_sm90_forward(cudaStream_t st, bf16* out, float* lse, const bf16* qkv, 
     LAUNCH_CHECK();
 }
 
-void attn_sm90_backward(cudaStream_t st, bf16* dqkv, float* partial, float* dqacc, int* turn, const bf16* dout,
-                        const bf16* qkv, const float* lse, const float* Dbuf, int B, int T, int NH, float sl2,
-                        float scale) {
+/* A tensor map of 64-row tiles of one head: base viewed as [B][T][heads][64]
+ * bf16 (a row of T holds `heads` heads of 64), boxes of 64 x 64 with the
+ * 128-byte swizzle the kernels' tiles use, rows past T filled with zeros. */
+static CUtensorMap head_tile_map(CudaCtx* c, const bf16* base, int heads, int T, int B) {
+    CUtensorMap m;
+    const cuuint64_t dims[4] = {64, (cuuint64_t)heads, (cuuint64_t)T, (cuuint64_t)B};
+    const cuuint64_t strides[3] = {64 * sizeof(bf16), (cuuint64_t)heads * 64 * sizeof(bf16),
+                                   (cuuint64_t)T * heads * 64 * sizeof(bf16)};
+    const cuuint32_t box[4] = {64, 1, 64, 1}, estr[4] = {1, 1, 1, 1};
+    CUresult r = ((PFN_cuTensorMapEncodeTiled_v12000)c->tmap_encode)(
+        &m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void*)base, dims, strides, box, estr,
+        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        fatal("attention backward: the tensor map of %d heads x %d rows x %d sequences was refused (error %d)",
+              heads, T, B, (int)r);
+    return m;
+}
+
+/* The backward's per-query values, a query tile's 64 pairs in one 512-byte
+ * piece: ld[2 (bh Tp + t)] = -log2(e) lse and ld[2 (bh Tp + t) + 1] = D =
+ * rowsum(dO * O) of query t of head bh, for t < Tp = T rounded up to 64 (0
+ * past T). 8 lanes a query, each with 16 bytes of dO and of O (the same sum,
+ * in the same order, as attention.cu's attn_bwd_pre_vec<8>). */
+__global__ void attn_bwd_pre_sm90(float* ld, const bf16* dout, const bf16* out, const float* lse, long rows,
+                                  int T, int Tp, int NH) {
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long row = i / 8; /* bh Tp + t */
+    const int c = (int)(i % 8), t = (int)(row % Tp);
+    const long bh = row / Tp;
+    float s = 0.0f;
+    if (row < rows && t < T) {
+        const int b = (int)(bh / NH), h = (int)(bh % NH);
+        const size_t off = ((size_t)b * T + t) * NH * HS + (size_t)h * HS + c * 8;
+        float a[8], o[8];
+        load_vec<8>(a, dout + off);
+        load_vec<8>(o, out + off);
+#pragma unroll
+        for (int k = 0; k < 8; k++) s += a[k] * o[k];
+    }
+#pragma unroll
+    for (int m = 4; m > 0; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
+    if (row < rows && c == 0) {
+        const float l = t < T ? lse[bh * T + t] : 0.0f;
+        *reinterpret_cast<float2*>(ld + 2 * row) = make_float2(-LOG2E * l, s);
+    }
+}
+
+void attn_sm90_backward(Backend* be, bf16* dqkv, float* partial, float* dqacc, int* turn, float* ld,
+                        const bf16* dout, const bf16* out, const bf16* qkv, const float* lse, int B, int T,
+                        int NH, float sl2, float scale) {
+    CudaCtx* c = cuda_ctx(be);
+    cudaStream_t st = c->stream;
+    const int Tp = (T + 63) / 64 * 64;
+    const long rows = (long)B * NH * Tp;
+    attn_bwd_pre_sm90<<<cdiv(rows * 8, 256), 256, 0, st>>>(ld, dout, out, lse, rows, T, Tp, NH);
+    LAUNCH_CHECK();
+    const CUtensorMap tq = head_tile_map(c, qkv, 3 * NH, T, B), td = head_tile_map(c, dout, NH, T, B);
     CUDA_CHECK(cudaMemsetAsync(turn, 0, ((size_t)B * NH * ((T + 63) / 64) + 1) * sizeof(int), st));
     dim3 grid((T + 127) / 128, B * NH);
     auto kern = partial ? attn_bwd_sm90<true> : attn_bwd_sm90<false>;
-    kern<<<grid, NT, SM90_SMEM_BWD, st>>>(dqkv, partial, dqacc, turn, dout, qkv, lse, Dbuf, T, NH, sl2, scale);
+    kern<<<grid, NT_BWD, SM90_SMEM_BWD, st>>>(tq, td, dqkv, partial, dqacc, turn, ld, T, NH, sl2, scale);
     LAUNCH_CHECK();
 }

@@ -73,6 +73,8 @@ struct CudaCtx {
      * block (4 or 8) of the mma.sync kernels, or 0 for the wgmma kernels of
      * attention_sm90.cu (head size 64 on sm90; attention.cu) */
     int attn_nw[3];
+    /* the driver's cuTensorMapEncodeTiled (attention_sm90.cu's backward) */
+    void* tmap_encode;
 };
 
 static inline CudaCtx* cuda_ctx(Backend* be) { return (CudaCtx*)be->ctx; }
@@ -209,18 +211,20 @@ void cuda_bias_partials_add(Backend* be, void* dbias, const float* partial, int 
 /* attention.cu */
 void cuda_attention_init(Backend* be);
 /* attention_sm90.cu: bf16, head size 64, compute capability 9.0 only.
- * init: false when this build has no sm_90a machine code for them. */
+ * init: false when this build has no sm_90a machine code for them or the
+ * driver no tensor-map encoder (the backward loads through the copy engine). */
 bool attn_sm90_init(Backend* be);
 void attn_sm90_forward(cudaStream_t st, bf16* out, float* lse, const bf16* qkv, int B, int T, int NH,
                        float sl2);
-/* dK, dV and dQ in one kernel. partial (NULL: none) gets the column sums of
- * what each block writes of dqkv: [B * cdiv(T, 128)][3C] fp32, row
- * b * cdiv(T, 128) + (the block's 128 keys of T), every element written
- * once. dqacc ([B*NH][T][64] fp32) and turn ([B*NH*cdiv(T, 64) + 1] ints,
- * zeroed here) are its scratch. */
-void attn_sm90_backward(cudaStream_t st, bf16* dqkv, float* partial, float* dqacc, int* turn, const bf16* dout,
-                        const bf16* qkv, const float* lse, const float* Dbuf, int B, int T, int NH, float sl2,
-                        float scale);
+/* dK, dV and dQ in one kernel (D = rowsum(dO * O) computed here too).
+ * partial (NULL: none) gets the column sums of what each block writes of
+ * dqkv: [B * cdiv(T, 128)][3C] fp32, row b * cdiv(T, 128) + (the block's 128
+ * keys of T), every element written once. ld ([B*NH][T rounded up to 64][2]
+ * fp32), dqacc ([B*NH][T][64] fp32) and turn ([B*NH*cdiv(T, 64) + 1] ints,
+ * zeroed here) are its scratch; dout and qkv 16-byte aligned. */
+void attn_sm90_backward(Backend* be, bf16* dqkv, float* partial, float* dqacc, int* turn, float* ld,
+                        const bf16* dout, const bf16* out, const bf16* qkv, const float* lse, int B, int T,
+                        int NH, float sl2, float scale);
 void cuda_attention_forward(Backend* be, void* out, float* lse, const void* qkv, int B, int T, int C, int NH);
 void cuda_attention_backward(Backend* be, void* dqkv, void* dbias, const void* dout, const void* qkv,
                              const void* out, const float* lse, int B, int T, int C, int NH);
