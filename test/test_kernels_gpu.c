@@ -636,6 +636,8 @@ static void t_attention_cases(Ctx* cx) {
     t_attention(cx, 1, 100, 128, 2); /* head size 64, T < 128: one block, its second 64-row tile partial */
     t_attention(cx, 1, 77, 256, 2);
     t_attention(cx, 1, 200, 64, 1);
+    t_attention(cx, 2, 17, 128, 2);  /* head size 64, T < 64: tiles longer than the sequence */
+    t_attention(cx, 1, 300, 192, 3); /* head size 64, three key blocks, the last query tile partial */
     t_attention(cx, 2, 1024, 768, 12);
 }
 

@@ -865,7 +865,7 @@ void cuda_attention_backward(Backend* be, void* dqkv, void* dbias, const void* d
      * stores in partial ([B * nblk][3C], every element written once), summed
      * in a fixed order after it; elsewhere a column sum over dqkv after the
      * kernels. */
-    const bool sm90 = mma && HS == 64 && nw1 == 0;
+    const bool sm90 = mma && HS == 64 && nw1 == 0 && aligned16(out); /* its D pass reads out by 16 bytes */
     const bool fused_bias = dbias != nullptr && sm90;
     const int nblk = (T + 127) / 128;
     /* Dbuf and partial from one scratch call: a second call may reallocate
@@ -883,7 +883,7 @@ void cuda_attention_backward(Backend* be, void* dqkv, void* dbias, const void* d
     float* dqacc = (float*)(scratch + dbytes + pbytes);
     int* turn = (int*)(scratch + dbytes + pbytes + abytes);
     if (sm90) {
-        /* D computed there, beside lse, in the layout its copy engine loads */
+        /* D computed there, beside lse, in the layout its compute warps copy */
         attn_sm90_backward(be, (bf16*)dqkv, partial, dqacc, turn, (float*)Dbuf, (const bf16*)dout,
                            (const bf16*)out, (const bf16*)qkv, lse, B, T, NH, scale * LOG2E, scale);
     } else {
@@ -907,6 +907,8 @@ void cuda_attention_backward(Backend* be, void* dqkv, void* dbias, const void* d
             bf16* dq = (bf16*)dqkv;
             float sl2 = scale * LOG2E;
             if (HS == 64) {
+                if (nw1 == 0) nw1 = 4; /* asked for the wgmma kernel, which cannot take this out */
+                if (nw2 == 0) nw2 = 4;
                 if (nw1 == 8) attn_dkdv_launch<64, 8>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
                 else if (nw1 == 4) attn_dkdv_launch<64, 4>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);
                 if (nw2 == 8) attn_dq_launch<64, 8>(st, dq, d, q, lse, Dbuf, B, T, NH, sl2, scale);

@@ -679,9 +679,12 @@ __global__ void __launch_bounds__(NT_BWD, 1)
                     /* key block 0: the compute warps may read the accumulator
                      * as soon as this phase (the (qb - 2)-th) completes (a
                      * release after the acquire), before BAR_GO if they look
-                     * in time. Waited for here too: every phase of an
-                     * mbarrier is to be observed before the next begins (a
-                     * compute warp that looked too late never sees it). */
+                     * in time. The phase cannot be confused with the next
+                     * one: this warp arrives for tile qb + 1 only after
+                     * BAR_DONE, after every compute warp has looked. It
+                     * waits on the phase itself because synccheck reports a
+                     * phase that nobody waited for ("missing wait"), and a
+                     * compute warp that looks too late never does. */
                     if (last && lane == 0) {
                         mbar_arrive(seen_bar);
                         mbar_wait(seen_bar, qb & 1);

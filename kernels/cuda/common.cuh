@@ -221,7 +221,7 @@ void attn_sm90_forward(cudaStream_t st, bf16* out, float* lse, const bf16* qkv, 
  * dqkv: [B * cdiv(T, 128)][3C] fp32, row b * cdiv(T, 128) + (the block's 128
  * keys of T), every element written once. ld ([B*NH][T rounded up to 64][2]
  * fp32), dqacc ([B*NH][T][64] fp32) and turn ([B*NH*cdiv(T, 64) + 1] ints,
- * zeroed here) are its scratch; dout and qkv 16-byte aligned. */
+ * zeroed here) are its scratch; dout, out and qkv 16-byte aligned. */
 void attn_sm90_backward(Backend* be, bf16* dqkv, float* partial, float* dqacc, int* turn, float* ld,
                         const bf16* dout, const bf16* out, const bf16* qkv, const float* lse, int B, int T,
                         int NH, float sl2, float scale);
