@@ -601,19 +601,8 @@ __global__ void attn_bwd_pre_vec(float* Dbuf, const bf16* dout, const bf16* out,
     const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     const long row = i / L;
     const int c = (int)(i % L);
-    float s = 0.0f;
-    if (row < rows) {
-        const int t = (int)(row % T_);
-        const int bh = (int)(row / T_), b = bh / NH, h = bh % NH;
-        const size_t off = ((size_t)b * T_ + t) * NH * 8 * L + (size_t)h * 8 * L + c * 8;
-        float a[8], o[8];
-        load_vec<8>(a, dout + off);
-        load_vec<8>(o, out + off);
-#pragma unroll
-        for (int k = 0; k < 8; k++) s += a[k] * o[k];
-    }
-#pragma unroll
-    for (int m = L / 2; m > 0; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
+    const int t = (int)(row % T_), bh = (int)(row / T_);
+    const float s = attn_row_dot<L>(dout, out, bh / NH, t, bh % NH, T_, NH, c, row < rows);
     if (row < rows && c == 0) Dbuf[row] = s;
 }
 

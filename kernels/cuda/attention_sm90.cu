@@ -1037,26 +1037,16 @@ static CUtensorMap head_tile_map(CudaCtx* c, const bf16* base, int heads, int T,
 /* The backward's per-query values, a query tile's 64 pairs in one 512-byte
  * piece: ld[2 (bh Tp + t)] = -log2(e) lse and ld[2 (bh Tp + t) + 1] = D =
  * rowsum(dO * O) of query t of head bh, for t < Tp = T rounded up to 64 (0
- * past T). 8 lanes a query, each with 16 bytes of dO and of O (the same sum,
- * in the same order, as attention.cu's attn_bwd_pre_vec<8>). */
+ * past T). D by common.cuh's attn_row_dot, 8 lanes a query, as the other
+ * attention kernels' D pass. */
 __global__ void attn_bwd_pre_sm90(float* ld, const bf16* dout, const bf16* out, const float* lse, long rows,
                                   int T, int Tp, int NH) {
     const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     const long row = i / 8; /* bh Tp + t */
     const int c = (int)(i % 8), t = (int)(row % Tp);
     const long bh = row / Tp;
-    float s = 0.0f;
-    if (row < rows && t < T) {
-        const int b = (int)(bh / NH), h = (int)(bh % NH);
-        const size_t off = ((size_t)b * T + t) * NH * HS + (size_t)h * HS + c * 8;
-        float a[8], o[8];
-        load_vec<8>(a, dout + off);
-        load_vec<8>(o, out + off);
-#pragma unroll
-        for (int k = 0; k < 8; k++) s += a[k] * o[k];
-    }
-#pragma unroll
-    for (int m = 4; m > 0; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
+    const float s =
+        attn_row_dot<HS / 8>(dout, out, (int)(bh / NH), t, (int)(bh % NH), T, NH, c, row < rows && t < T);
     if (row < rows && c == 0) {
         const float l = t < T ? lse[bh * T + t] : 0.0f;
         *reinterpret_cast<float2*>(ld + 2 * row) = make_float2(-LOG2E * l, s);

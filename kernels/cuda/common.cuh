@@ -151,6 +151,28 @@ __device__ __forceinline__ double warp_sum_d(double v) {
     return v;
 }
 
+/* The attention backward's D = rowsum(dO * O) of one row (query t of
+ * sequence b, head h; rows of NH heads of 8 L bf16, 16-byte aligned) over L
+ * lanes of a warp: lane c reads 16 bytes of each, the lanes' sums meet by
+ * xor shuffles (a fixed order). Every lane of the warp calls it; a lane with
+ * valid false adds 0. Each lane returns the row's D. */
+template <int L>
+__device__ __forceinline__ float attn_row_dot(const bf16* dout, const bf16* out, int b, int t, int h, int T,
+                                              int NH, int c, bool valid) {
+    float s = 0.0f;
+    if (valid) {
+        const size_t off = ((size_t)b * T + t) * NH * 8 * L + (size_t)h * 8 * L + c * 8;
+        float a[8], o[8];
+        load_vec<8>(a, dout + off);
+        load_vec<8>(o, out + off);
+#pragma unroll
+        for (int k = 0; k < 8; k++) s += a[k] * o[k];
+    }
+#pragma unroll
+    for (int m = L / 2; m > 0; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
+    return s;
+}
+
 static inline unsigned cdiv(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }
 
 /* Row kernels keep a row in registers: lane l of a warp owns the V-element
