@@ -121,6 +121,18 @@ __device__ __forceinline__ void unpack8(float* v, int4 r) {
     }
 }
 
+/* batches of 4 vectors a thread that cover CLS_SM_MAX bytes */
+#define CLS_SM_BATCHES 4
+/* wait until batch b of NB committed batches has arrived (NB - 1 - b may
+ * still be in flight) */
+template <int NB> __device__ __forceinline__ void cls_wait_batch(int b) {
+    static_assert(NB == 4, "cls_wait_batch is written for 4 batches");
+    if (b == 0) cp_async_wait_group<3>();
+    else if (b == 1) cp_async_wait_group<2>();
+    else if (b == 2) cp_async_wait_group<1>();
+    else cp_async_wait_group<0>();
+}
+
 __global__ void __launch_bounds__(CLS_SM_THREADS)
     classifier_smem_kernel(bf16* logits, float* losses, const int* targets, float dloss, int Vn, int Vp) {
     extern __shared__ int4 rowbuf[]; /* [Vp / 8] */
@@ -133,21 +145,31 @@ __global__ void __launch_bounds__(CLS_SM_THREADS)
     const bool tg_ok = tg >= 0 && tg < Vn;
     float lt = 0.0f;
     if (threadIdx.x == 0) lt = tg_ok ? __bfloat162float(x[tg]) : NAN;
-    MaxSum acc = {-INFINITY, 0.0f};
-    for (int i0 = threadIdx.x; i0 < nv; i0 += 4 * CLS_SM_THREADS) {
-        int4 r[4];
+    /* the whole row is requested at once, by cp.async straight into shared
+     * memory (no registers held), in CLS_SM_BATCHES groups of 4 vectors a
+     * thread; each group is summed as soon as it has arrived, while the later
+     * ones are still in flight. A thread reads back only the vectors it
+     * copied itself, here and in the gradient pass below. */
+    static_assert(CLS_SM_MAX / 16 <= CLS_SM_BATCHES * 4 * CLS_SM_THREADS, "a row needs more batches");
+#pragma unroll
+    for (int b = 0; b < CLS_SM_BATCHES; b++) {
 #pragma unroll
         for (int u = 0; u < 4; u++) {
-            int i = i0 + u * CLS_SM_THREADS;
-            if (i < nv) r[u] = __ldcs(reinterpret_cast<const int4*>(x) + i);
+            int i = threadIdx.x + (b * 4 + u) * CLS_SM_THREADS;
+            if (i < nv) cp_async16_cg(rowbuf + i, reinterpret_cast<const int4*>(x) + i);
         }
+        cp_async_commit_group(); /* empty groups past the row's end are fine */
+    }
+    MaxSum acc = {-INFINITY, 0.0f};
+#pragma unroll
+    for (int b = 0; b < CLS_SM_BATCHES; b++) {
+        cls_wait_batch<CLS_SM_BATCHES>(b);
 #pragma unroll
         for (int u = 0; u < 4; u++) {
-            int i = i0 + u * CLS_SM_THREADS;
+            int i = threadIdx.x + (b * 4 + u) * CLS_SM_THREADS;
             if (i < nv) {
-                rowbuf[i] = r[u];
                 float v[8];
-                unpack8(v, r[u]);
+                unpack8(v, rowbuf[i]);
                 if (i >= nfull) {
 #pragma unroll
                     for (int j = 0; j < 8; j++)

@@ -132,6 +132,42 @@ template <int V, typename T> __device__ __forceinline__ void store_vec(T* dst, c
     }
 }
 
+/* V elements of T kept as they were loaded (one 16-byte register quad when
+ * V * sizeof(T) == 16, else V scalars) and converted to float at each use:
+ * a row prefetched a row ahead costs half the registers of its floats (bf16) */
+template <int V, typename T, bool W = (V * sizeof(T) == 16)> struct RawVec;
+template <int V, typename T> struct RawVec<V, T, true> {
+    int4 q;
+    __device__ __forceinline__ void load(const T* p) { q = *reinterpret_cast<const int4*>(p); }
+    __device__ __forceinline__ void load_cs(const T* p) { q = __ldcs(reinterpret_cast<const int4*>(p)); }
+    __device__ __forceinline__ float operator[](int k) const {
+        return to_f<T>(reinterpret_cast<const T*>(&q)[k]);
+    }
+};
+template <int V, typename T> struct RawVec<V, T, false> {
+    T s[V];
+    __device__ __forceinline__ void load(const T* p) {
+#pragma unroll
+        for (int k = 0; k < V; k++) s[k] = p[k];
+    }
+    __device__ __forceinline__ void load_cs(const T* p) { load(p); }
+    __device__ __forceinline__ float operator[](int k) const { return to_f<T>(s[k]); }
+};
+
+/* 16 bytes global -> shared without registers (L2 only), completed by
+ * cp_async_wait_group<N>: at most N of this thread's committed groups still in
+ * flight; the copies are then visible to the thread that issued them */
+__device__ __forceinline__ void cp_async16_cg(void* smem, const void* gmem) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit_group() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void cp_async_wait_group() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 static inline bool aligned16(const void* p) { return ((uintptr_t)p & 15u) == 0; }
 
 /* ---- warp reductions (fixed butterfly order: deterministic) ---- */

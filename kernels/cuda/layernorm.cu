@@ -137,64 +137,92 @@ void cuda_residual_layernorm_forward(Backend* be, void* residual, void* out, flo
 /* A block of LN_BWD_WARPS warps; each warp walks rows with a fixed stride.
  * Each warp's dw/db sums live in its own slice of shared memory (not in
  * registers: that kept 150 registers a thread and one block a multiprocessor),
- * lane-major: the sum of a lane's element (j, k) at [(j * V + k) * 32 + lane],
- * so that a warp's 32 updates hit 32 different banks (column-major, with
- * lanes 32 bytes apart, they hit 4 banks: 8-way conflicts on every update);
- * the next row's inputs are loaded before the current row's reductions.
- * SUM: a third slice sums the dinp values as stored (dsum, a bias gradient). */
+ * lane-major in groups of Q consecutive elements of a lane (Q = 4 where V
+ * allows, so each update is one 16-byte access for 4 elements): group e / Q
+ * of lane l's element e = j * V + k at [((e / Q) * 32 + l) * Q + e % Q], so
+ * that a warp's 32 updates hit every bank once per 128 bytes (column-major,
+ * with lanes 32 bytes apart, they hit 4 banks: 8-way conflicts on every
+ * update). Rows are double-buffered in registers as loaded (RawVec): the next
+ * row's dout, inp and dinp are in flight while the current one is computed.
+ * SUM: a third slice sums the dinp values as stored (dsum, a bias gradient).
+ * The sums' order is each warp's rows in turn, whatever the buffering. */
 #define LN_BWD_WARPS 4
 
 /* floats of one warp's dw (or db) slice */
 template <int V, int NCH> __host__ __device__ constexpr int ln_bwd_slice() { return NCH * V * 32; }
+/* floats of one shared-memory access of the sums */
+template <int V> __host__ __device__ constexpr int ln_bwd_q() { return V % 4 == 0 ? 4 : 1; }
 
-template <typename T, int V, int NCH, bool SUM>
-__global__ void __launch_bounds__(LN_BWD_WARPS * 32)
-    ln_bwd_kernel(T* dinp, float* partial, const T* dout, const T* inp, const T* w, const float* mean,
-                  const float* rstd, int N, int C) {
-    constexpr int SL = ln_bwd_slice<V, NCH>();
-    constexpr int NS = SUM ? 3 : 2; /* sums a warp keeps: dw, db (, dsum) */
-    extern __shared__ float acc[];  /* [LN_BWD_WARPS][NS][SL] */
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    float* myw = acc + (size_t)warp * NS * SL + lane;
-    float* myb = myw + SL;
-    float* mys = myb + SL; /* SUM only */
-    float wv[NCH][V];
-#pragma unroll
-    for (int j = 0; j < NCH; j++) {
-        int c = (j * 32 + lane) * V;
-        if (c < C) {
-            load_vec<V>(wv[j], w + c);
-#pragma unroll
-            for (int k = 0; k < V; k++) {
-                myw[(j * V + k) * 32] = myb[(j * V + k) * 32] = 0.0f;
-                if constexpr (SUM) mys[(j * V + k) * 32] = 0.0f;
-            }
-        } else {
-#pragma unroll
-            for (int k = 0; k < V; k++) wv[j][k] = 0.0f;
-        }
-    }
-    const int stride = gridDim.x * LN_BWD_WARPS;
-    int row = blockIdx.x * LN_BWD_WARPS + warp;
-    /* all of a row's inputs (dout, inp, the dinp it adds to, mean, rstd) are
-     * requested together, at the end of the row before, so that their
-     * latencies overlap (dinp was loaded only once the row had begun) */
-    float g[NCH][V], x[NCH][V], d[NCH][V];
-    float mu = 0.0f, rs = 0.0f;
-    if (row < N) {
+/* one row's inputs as loaded */
+template <typename T, int V, int NCH> struct LnBwdRow {
+    RawVec<V, T> g[NCH], x[NCH], d[NCH];
+    float mu, rs;
+    __device__ __forceinline__ void load(const T* dout, const T* inp, const T* dinp, const float* mean,
+                                         const float* rstd, int row, int C, int lane) {
         mu = mean[row];
         rs = rstd[row];
 #pragma unroll
         for (int j = 0; j < NCH; j++) {
             int c = (j * 32 + lane) * V;
             if (c < C) {
-                load_vec_cs<V>(g[j], dout + (size_t)row * C + c);
-                load_vec_cs<V>(x[j], inp + (size_t)row * C + c);
-                load_vec<V>(d[j], dinp + (size_t)row * C + c);
+                g[j].load_cs(dout + (size_t)row * C + c);
+                x[j].load_cs(inp + (size_t)row * C + c);
+                d[j].load(dinp + (size_t)row * C + c);
             }
         }
     }
+};
+
+template <int Q> __device__ __forceinline__ void lds_q(float* v, const float* p) {
+    if constexpr (Q == 4) {
+        float4 t = *reinterpret_cast<const float4*>(p);
+        v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
+    } else {
+        v[0] = *p;
+    }
+}
+template <int Q> __device__ __forceinline__ void sts_q(float* p, const float* v) {
+    if constexpr (Q == 4) *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+    else *p = v[0];
+}
+
+template <typename T, int V, int NCH, bool SUM>
+__global__ void __launch_bounds__(LN_BWD_WARPS * 32)
+    ln_bwd_kernel(T* dinp, float* partial, const T* dout, const T* inp, const T* w, const float* mean,
+                  const float* rstd, int N, int C) {
+    constexpr int SL = ln_bwd_slice<V, NCH>();
+    constexpr int Q = ln_bwd_q<V>();
+    constexpr int NS = SUM ? 3 : 2; /* sums a warp keeps: dw, db (, dsum) */
+    extern __shared__ float acc[];  /* [LN_BWD_WARPS][NS][SL] */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    /* group q of this lane's dw sums at myw[q * 32 * Q]; db and dsum likewise */
+    float* myw = acc + (size_t)warp * NS * SL + lane * Q;
+    float* myb = myw + SL;
+    float* mys = myb + SL; /* SUM only */
+    RawVec<V, T> wv[NCH];
+#pragma unroll
+    for (int j = 0; j < NCH; j++) {
+        int c = (j * 32 + lane) * V;
+        if (c < C) {
+            wv[j].load(w + c);
+            const float z[Q] = {};
+#pragma unroll
+            for (int q = 0; q < V / Q; q++) {
+                const int o = (j * (V / Q) + q) * 32 * Q;
+                sts_q<Q>(myw + o, z);
+                sts_q<Q>(myb + o, z);
+                if constexpr (SUM) sts_q<Q>(mys + o, z);
+            }
+        }
+    }
+    const int stride = gridDim.x * LN_BWD_WARPS;
+    int row = blockIdx.x * LN_BWD_WARPS + warp;
+    LnBwdRow<T, V, NCH> cur, nxt;
+    if (row < N) cur.load(dout, inp, dinp, mean, rstd, row, C, lane);
     for (; row < N; row += stride) {
+        const int nx = row + stride;
+        if (nx < N) nxt.load(dout, inp, dinp, mean, rstd, nx, C, lane);
+        const float mu = cur.mu, rs = cur.rs;
         const size_t off = (size_t)row * C;
         float s1 = 0.0f, s2 = 0.0f;
 #pragma unroll
@@ -202,13 +230,24 @@ __global__ void __launch_bounds__(LN_BWD_WARPS * 32)
             int c = (j * 32 + lane) * V;
             if (c < C) {
 #pragma unroll
-                for (int k = 0; k < V; k++) {
-                    x[j][k] = (x[j][k] - mu) * rs; /* now the normalized input */
-                    float dn = g[j][k] * wv[j][k];
-                    s1 += dn;
-                    s2 += dn * x[j][k];
-                    myw[(j * V + k) * 32] += g[j][k] * x[j][k];
-                    myb[(j * V + k) * 32] += g[j][k];
+                for (int q = 0; q < V / Q; q++) {
+                    const int o = (j * (V / Q) + q) * 32 * Q;
+                    float aw[Q], ab[Q];
+                    lds_q<Q>(aw, myw + o);
+                    lds_q<Q>(ab, myb + o);
+#pragma unroll
+                    for (int kk = 0; kk < Q; kk++) {
+                        const int k = q * Q + kk;
+                        const float g = cur.g[j][k];
+                        const float xn = (cur.x[j][k] - mu) * rs; /* the normalized input */
+                        float dn = g * wv[j][k];
+                        s1 += dn;
+                        s2 += dn * xn;
+                        aw[kk] += g * xn;
+                        ab[kk] += g;
+                    }
+                    sts_q<Q>(myw + o, aw);
+                    sts_q<Q>(myb + o, ab);
                 }
             }
         }
@@ -218,39 +257,40 @@ __global__ void __launch_bounds__(LN_BWD_WARPS * 32)
         for (int j = 0; j < NCH; j++) {
             int c = (j * 32 + lane) * V;
             if (c < C) {
+                float d[V];
 #pragma unroll
-                for (int k = 0; k < V; k++) d[j][k] += (g[j][k] * wv[j][k] - m1 - x[j][k] * m2) * rs;
-                store_vec<V>(dinp + off + c, d[j]);
+                for (int k = 0; k < V; k++) {
+                    const float g = cur.g[j][k];
+                    const float xn = (cur.x[j][k] - mu) * rs;
+                    d[k] = cur.d[j][k];
+                    d[k] += (g * wv[j][k] - m1 - xn * m2) * rs;
+                }
+                store_vec<V>(dinp + off + c, d);
                 if constexpr (SUM) {
 #pragma unroll
-                    for (int k = 0; k < V; k++)
-                        mys[(j * V + k) * 32] += to_f<T>(from_f<T>(d[j][k])); /* as stored */
-                }
-            }
-        }
-        const int nx = row + stride;
-        if (nx < N) {
-            mu = mean[nx];
-            rs = rstd[nx];
+                    for (int q = 0; q < V / Q; q++) {
+                        const int o = (j * (V / Q) + q) * 32 * Q;
+                        float as[Q];
+                        lds_q<Q>(as, mys + o);
 #pragma unroll
-            for (int j = 0; j < NCH; j++) {
-                int c = (j * 32 + lane) * V;
-                if (c < C) {
-                    load_vec_cs<V>(g[j], dout + (size_t)nx * C + c);
-                    load_vec_cs<V>(x[j], inp + (size_t)nx * C + c);
-                    load_vec<V>(d[j], dinp + (size_t)nx * C + c);
+                        for (int kk = 0; kk < Q; kk++)
+                            as[kk] += to_f<T>(from_f<T>(d[q * Q + kk])); /* as stored */
+                        sts_q<Q>(mys + o, as);
+                    }
                 }
             }
         }
+        cur = nxt;
     }
     __syncthreads();
     /* this block's partial: the warps' sums added in warp order; column c
-     * is element (j, k) of lane l where c = (j * 32 + l) * V + k */
+     * is element e = j * V + k of lane l where c = (j * 32 + l) * V + k */
     float* dst = partial + (size_t)blockIdx.x * NS * C;
     for (int i = threadIdx.x; i < NS * C; i += blockDim.x) {
         const int part = i / C, c = i - part * C;
         const int v = c / V, k = c % V;
-        const int idx = part * SL + ((v >> 5) * V + k) * 32 + (v & 31);
+        const int e = (v >> 5) * V + k;
+        const int idx = part * SL + ((e / Q) * 32 + (v & 31)) * Q + e % Q;
         float t = 0.0f;
         for (int w2 = 0; w2 < LN_BWD_WARPS; w2++) t += acc[(size_t)w2 * NS * SL + idx];
         dst[i] = t;
