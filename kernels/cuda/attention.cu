@@ -29,15 +29,7 @@
 /* ------------------------------------------------------------------------ */
 /* PTX helpers                                                              */
 /* ------------------------------------------------------------------------ */
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pred) {
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    int n = pred ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
+/* cp_async16 / cp_async_commit / cp_async_wait: common.cuh */
 __device__ __forceinline__ void ldsm4(uint32_t* r, const bf16* p) {
     unsigned a = (unsigned)__cvta_generic_to_shared(p);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"

@@ -123,14 +123,16 @@ __device__ __forceinline__ void unpack8(float* v, int4 r) {
 
 /* batches of 4 vectors a thread that cover CLS_SM_MAX bytes */
 #define CLS_SM_BATCHES 4
-/* wait until batch b of NB committed batches has arrived (NB - 1 - b may
- * still be in flight) */
-template <int NB> __device__ __forceinline__ void cls_wait_batch(int b) {
-    static_assert(NB == 4, "cls_wait_batch is written for 4 batches");
-    if (b == 0) cp_async_wait_group<3>();
-    else if (b == 1) cp_async_wait_group<2>();
-    else if (b == 2) cp_async_wait_group<1>();
-    else cp_async_wait_group<0>();
+/* wait until batch b of the CLS_SM_BATCHES committed ones has arrived (the
+ * later ones may still be in flight); b is a constant once its loop is unrolled */
+__device__ __forceinline__ void cls_wait_batch(int b) {
+    static_assert(CLS_SM_BATCHES == 4, "cls_wait_batch is written for 4 batches");
+    switch (b) {
+    case 0: cp_async_wait<3>(); break;
+    case 1: cp_async_wait<2>(); break;
+    case 2: cp_async_wait<1>(); break;
+    default: cp_async_wait<0>();
+    }
 }
 
 __global__ void __launch_bounds__(CLS_SM_THREADS)
@@ -156,14 +158,14 @@ __global__ void __launch_bounds__(CLS_SM_THREADS)
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             int i = threadIdx.x + (b * 4 + u) * CLS_SM_THREADS;
-            if (i < nv) cp_async16_cg(rowbuf + i, reinterpret_cast<const int4*>(x) + i);
+            if (i < nv) cp_async16(rowbuf + i, reinterpret_cast<const int4*>(x) + i, true);
         }
-        cp_async_commit_group(); /* empty groups past the row's end are fine */
+        cp_async_commit(); /* empty groups past the row's end are fine */
     }
     MaxSum acc = {-INFINITY, 0.0f};
 #pragma unroll
     for (int b = 0; b < CLS_SM_BATCHES; b++) {
-        cls_wait_batch<CLS_SM_BATCHES>(b);
+        cls_wait_batch(b);
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             int i = threadIdx.x + (b * 4 + u) * CLS_SM_THREADS;

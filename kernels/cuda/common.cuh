@@ -95,43 +95,6 @@ template <> __device__ __forceinline__ bf16 from_f<bf16>(float x) { return __flo
 /* elements of T in 16 bytes */
 template <typename T> struct Vec16 { static constexpr int N = 16 / (int)sizeof(T); };
 
-/* load / store V elements (V*sizeof(T) == 16: one 16-byte access; else scalars) */
-template <int V, typename T> __device__ __forceinline__ void load_vec(float* dst, const T* src) {
-    if constexpr (V * sizeof(T) == 16) {
-        int4 raw = *reinterpret_cast<const int4*>(src);
-        const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-        for (int i = 0; i < V; i++) dst[i] = to_f<T>(e[i]);
-    } else {
-#pragma unroll
-        for (int i = 0; i < V; i++) dst[i] = to_f<T>(src[i]);
-    }
-}
-/* streaming variant for data read once */
-template <int V, typename T> __device__ __forceinline__ void load_vec_cs(float* dst, const T* src) {
-    if constexpr (V * sizeof(T) == 16) {
-        int4 raw = __ldcs(reinterpret_cast<const int4*>(src));
-        const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-        for (int i = 0; i < V; i++) dst[i] = to_f<T>(e[i]);
-    } else {
-#pragma unroll
-        for (int i = 0; i < V; i++) dst[i] = to_f<T>(src[i]);
-    }
-}
-template <int V, typename T> __device__ __forceinline__ void store_vec(T* dst, const float* src) {
-    if constexpr (V * sizeof(T) == 16) {
-        int4 raw;
-        T* e = reinterpret_cast<T*>(&raw);
-#pragma unroll
-        for (int i = 0; i < V; i++) e[i] = from_f<T>(src[i]);
-        *reinterpret_cast<int4*>(dst) = raw;
-    } else {
-#pragma unroll
-        for (int i = 0; i < V; i++) dst[i] = from_f<T>(src[i]);
-    }
-}
-
 /* V elements of T kept as they were loaded (one 16-byte register quad when
  * V * sizeof(T) == 16, else V scalars) and converted to float at each use:
  * a row prefetched a row ahead costs half the registers of its floats (bf16) */
@@ -154,17 +117,45 @@ template <int V, typename T> struct RawVec<V, T, false> {
     __device__ __forceinline__ float operator[](int k) const { return to_f<T>(s[k]); }
 };
 
-/* 16 bytes global -> shared without registers (L2 only), completed by
- * cp_async_wait_group<N>: at most N of this thread's committed groups still in
- * flight; the copies are then visible to the thread that issued them */
-__device__ __forceinline__ void cp_async16_cg(void* smem, const void* gmem) {
+/* load / store V elements as floats (V*sizeof(T) == 16: one 16-byte access; else scalars) */
+template <int V, typename T> __device__ __forceinline__ void load_vec(float* dst, const T* src) {
+    RawVec<V, T> r;
+    r.load(src);
+#pragma unroll
+    for (int i = 0; i < V; i++) dst[i] = r[i];
+}
+/* streaming variant for data read once */
+template <int V, typename T> __device__ __forceinline__ void load_vec_cs(float* dst, const T* src) {
+    RawVec<V, T> r;
+    r.load_cs(src);
+#pragma unroll
+    for (int i = 0; i < V; i++) dst[i] = r[i];
+}
+template <int V, typename T> __device__ __forceinline__ void store_vec(T* dst, const float* src) {
+    if constexpr (V * sizeof(T) == 16) {
+        int4 raw;
+        T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+        for (int i = 0; i < V; i++) e[i] = from_f<T>(src[i]);
+        *reinterpret_cast<int4*>(dst) = raw;
+    } else {
+#pragma unroll
+        for (int i = 0; i < V; i++) dst[i] = from_f<T>(src[i]);
+    }
+}
+
+/* 16 bytes global -> shared (L2 only, no registers held); pred false
+ * writes 16 zero bytes instead of reading gmem. Commit groups them; the
+ * copies of all but the last N committed groups of this thread are complete
+ * and visible to it after cp_async_wait<N> (a compiler barrier too, so that
+ * shared-memory reads are not moved above it) */
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pred) {
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+    int n = pred ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
 }
-__device__ __forceinline__ void cp_async_commit_group() {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N> __device__ __forceinline__ void cp_async_wait_group() {
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
