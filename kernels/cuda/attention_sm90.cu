@@ -474,81 +474,133 @@ __global__ void __launch_bounds__(NT)
     load_tile<64>(sK, base + C, 0, T, C3);
     load_tile<64>(sV, base + 2 * C, 0, T, C3);
     cp_commit();
+    if (nkb > 1) {
+        load_tile<64>(sK + TILE, base + C, 64, T, C3);
+        load_tile<64>(sV + TILE, base + 2 * C, 64, T, C3);
+        cp_commit();
+        cp_wait<1>();
+    } else {
+        cp_wait<0>();
+    }
+    fence_async_smem();
+    __syncthreads();
 
+    /* Q as A fragments, read from its tile before each S product (four
+     * ldmatrix a warp). Held in registers over the whole loop, which has a
+     * branch (the mask), they were overwritten: ptxas 13.0 packed P into
+     * their registers after S's product, and the next tile's S read P
+     * (tools/sass_frag_check.py finds such writes in a kernel that holds its
+     * fragments, as the backward does) */
+    uint32_t qf[4][4];
+    float s[32]; /* S of the tile being worked on, then its P */
+    if (my_nkb > 0) {
+        load_frags(qf, sQ + wg * TILE, warp, lane);
+        wg_fence();
+        mma_abt(s, qf, sK);
+        wg_commit();
+        wg_wait0();
+        reg_fence(s);
+    }
     float o[32];
     zero32(o);
     float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
-    for (int kb = 0; kb < nkb; kb++) {
-        const int cur = kb % NSTAGE, nxt = (kb + 1) % NSTAGE;
-        if (kb + 1 < nkb) {
-            load_tile<64>(sK + nxt * TILE, base + C, (kb + 1) * 64, T, C3);
-            load_tile<64>(sV + nxt * TILE, base + 2 * C, (kb + 1) * 64, T, C3);
-            cp_commit();
-            cp_wait<1>();
-        } else {
-            cp_wait<0>();
-        }
-        fence_async_smem();
-        __syncthreads();
-        if (kb < my_nkb) {
-            /* Q as A fragments, read from its tile at each tile (four
-             * ldmatrix a warp). Held in registers over the whole loop, which
-             * has a branch (the mask), they were overwritten: ptxas 13.0
-             * packed P into their registers after S's product, and the next
-             * tile's S read P (tools/sass_frag_check.py finds such writes
-             * in a kernel that holds its fragments, as the backward does) */
-            uint32_t qf[4][4];
-            load_frags(qf, sQ + wg * TILE, warp, lane);
-            float s[32];
-            zero32(s);
-            wg_fence();
-            mma_abt(s, qf, sK + cur * TILE);
-            wg_commit();
-            wg_wait0();
-            reg_fence(s);
-            const bool diag = kb == my_nkb - 1;
-            if (diag) { /* the causal mask, on the diagonal tile only */
-#pragma unroll
-                for (int i = 0; i < 32; i++) {
-                    const int e = i & 3;
-                    if (kb * 64 + (i >> 2) * 8 + 2 * t4 + (e & 1) > qrow + (e >> 1) * 8) s[i] = -INFINITY;
-                }
-            }
-            /* the running max is of the unscaled scores; the scale goes into
-             * the exponent's multiply-add: p = 2^(s sl2 - max sl2) */
-            float mx[2] = {mrow[0], mrow[1]};
-#pragma unroll
-            for (int i = 0; i < 32; i++) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
-            float alpha[2], msc[2];
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-                /* a row's first tile always has an unmasked key (key 0), so mx
-                 * is finite here and mrow - mx is -inf (alpha 0) or finite */
-                alpha[r] = ex2((mrow[r] - mx[r]) * sl2);
-                mrow[r] = mx[r];
-                msc[r] = mx[r] * sl2;
-                lrow[r] *= alpha[r];
-            }
+    uint32_t pa[4][4];
+    /* A tile kb in three parts. (1) The softmax of S_kb, already in s, while
+     * tile kb - 1's P V runs on the tensor cores; then that product's wait,
+     * P's fragments and the output's rescale. (2) The block's one barrier a
+     * tile: tile kb + 1 is loaded, and every warp is past tile kb - 1's
+     * products, so that stage takes tile kb + 2's loads. (3) S_kb+1 = Q
+     * K_kb+1^T and O += P_kb V_kb issued in that order, and S_kb+1 waited
+     * for: it is ready for the next tile's softmax while P V still runs.
+     * The warpgroup's last tile (the diagonal, with the mask) has no S_kb+1
+     * and is a copy of the loop's body outside it: an MMA under a branch
+     * inside the loop would make ptxas serialise them. */
+    auto softmax_rescale = [&](bool diag, int kb) {
+        if (diag) { /* the causal mask */
 #pragma unroll
             for (int i = 0; i < 32; i++) {
-                const int r = (i >> 1) & 1;
-                float p = ex2(fmaf(s[i], sl2, -msc[r]));
-                s[i] = p;
-                lrow[r] += p;
-                o[i] *= alpha[r];
+                const int e = i & 3;
+                if (kb * 64 + (i >> 2) * 8 + 2 * t4 + (e & 1) > qrow + (e >> 1) * 8) s[i] = -INFINITY;
             }
-            uint32_t pa[4][4];
-            to_frags(pa, s);
-            wg_fence();
-            reg_fence(o);
-            mma_pb(o, pa, sV + cur * TILE);
-            wg_commit();
-            wg_wait0();
-            reg_fence(o);
         }
+        /* the running max is of the unscaled scores; the scale goes into
+         * the exponent's multiply-add: p = 2^(s sl2 - max sl2) */
+        float mx[2] = {mrow[0], mrow[1]};
+#pragma unroll
+        for (int i = 0; i < 32; i++) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+        float alpha[2], msc[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            /* a row's first tile always has an unmasked key (key 0), so mx
+             * is finite here and mrow - mx is -inf (alpha 0) or finite */
+            alpha[r] = ex2((mrow[r] - mx[r]) * sl2);
+            mrow[r] = mx[r];
+            msc[r] = mx[r] * sl2;
+            lrow[r] *= alpha[r];
+        }
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            const int r = (i >> 1) & 1;
+            float p = ex2(fmaf(s[i], sl2, -msc[r]));
+            s[i] = p;
+            lrow[r] += p;
+        }
+        /* tile kb - 1's P V: its accumulators and P's fragments are free
+         * from here */
+        wg_wait0();
+        reg_fence(o);
+        reg_fence(pa);
+        to_frags(pa, s);
+#pragma unroll
+        for (int i = 0; i < 32; i++) o[i] *= alpha[(i >> 1) & 1];
+    };
+    auto barrier_and_load = [&](int kb) {
+        if (kb + 1 < nkb) {
+            cp_wait<0>(); /* this thread's loads of tile kb + 1 */
+            fence_async_smem();
+            __syncthreads();
+            if (kb + 2 < nkb) {
+                const int st2 = (kb + 2) % NSTAGE;
+                load_tile<64>(sK + st2 * TILE, base + C, (kb + 2) * 64, T, C3);
+                load_tile<64>(sV + st2 * TILE, base + 2 * C, (kb + 2) * 64, T, C3);
+                cp_commit();
+            }
+        }
+    };
+    int kb = 0;
+    for (; kb + 1 < my_nkb; kb++) {
+        softmax_rescale(false, kb);
+        barrier_and_load(kb);
+        load_frags(qf, sQ + wg * TILE, warp, lane);
+        wg_fence();
+        reg_fence(o);
+        mma_abt(s, qf, sK + ((kb + 1) % NSTAGE) * TILE);
+        wg_commit();
+        mma_pb(o, pa, sV + (kb % NSTAGE) * TILE);
+        wg_commit();
+        wg_wait<1>();
+        reg_fence(s);
     }
+    if (my_nkb > 0) {
+        softmax_rescale(true, kb);
+        barrier_and_load(kb);
+        wg_fence();
+        reg_fence(o);
+        mma_pb(o, pa, sV + (kb % NSTAGE) * TILE);
+        wg_commit();
+        kb++;
+    }
+    /* the tiles only the other warpgroup needs (none past the next: a
+     * barrier here could let its loads overwrite the stage the last P V
+     * reads, so that product is waited for first) */
+    for (; kb < nkb; kb++) {
+        wg_wait0();
+        barrier_and_load(kb);
+    }
+    wg_wait0();
+    reg_fence(o);
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         float l = lrow[r];
