@@ -61,7 +61,9 @@ void cuda_encoder_forward(Backend* be, void* out, const int* inp, const void* wt
     else enc_fwd<float>(st, (float*)out, inp, (const float*)wte, (const float*)wpe, B, T, C);
 }
 
-/* dwpe[t, c..c+V) += sum_b dout[b, t, c..c+V) */
+/* dwpe[t, c..c+V) += sum_b dout[b, t, c..c+V), b in order, with the loads
+ * of ENC_PE_U rows in flight */
+#define ENC_PE_U 8
 template <typename T, int V> __global__ void enc_dwpe_kernel(T* dwpe, const T* dout, int B, int T_, int C) {
     int cv = C / V;
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
@@ -71,8 +73,20 @@ template <typename T, int V> __global__ void enc_dwpe_kernel(T* dwpe, const T* d
     float acc[V], x[V];
 #pragma unroll
     for (int k = 0; k < V; k++) acc[k] = 0.0f;
-    for (int b = 0; b < B; b++) {
-        load_vec<V>(x, dout + ((size_t)b * T_ + t) * C + c);
+    const T* src = dout + (size_t)t * C + c;
+    const size_t bstride = (size_t)T_ * C;
+    int b = 0;
+    for (; b + ENC_PE_U <= B; b += ENC_PE_U) {
+        RawVec<V, T> r[ENC_PE_U];
+#pragma unroll
+        for (int u = 0; u < ENC_PE_U; u++) r[u].load(src + (size_t)(b + u) * bstride);
+#pragma unroll
+        for (int u = 0; u < ENC_PE_U; u++)
+#pragma unroll
+            for (int k = 0; k < V; k++) acc[k] += r[u][k];
+    }
+    for (; b < B; b++) {
+        load_vec<V>(x, src + (size_t)b * bstride);
 #pragma unroll
         for (int k = 0; k < V; k++) acc[k] += x[k];
     }
@@ -101,6 +115,12 @@ __global__ void iota_kernel(int* p, int n) {
 #define ENC_R 32
 #define ENC_WARPS 8
 
+/* Phase A walks its chunk's positions in order with the next row's load in
+ * flight, and a run's dwte row loaded when the run starts: a warp waits for
+ * about one latency a row, not two or three (row, then dwte). The chunk's
+ * ids and positions are one load, a lane each (ENC_R == 32). */
+static_assert(ENC_R == 32, "phase A keeps a chunk's ids and positions a lane each");
+
 template <typename T, int V, int NCH>
 __global__ void __launch_bounds__(ENC_WARPS * 32)
     enc_dwte_phase_a(T* dwte, float* part_first, float* part_last, int* owner, const T* dout, const int* keys,
@@ -109,60 +129,87 @@ __global__ void __launch_bounds__(ENC_WARPS * 32)
     const int chunk = blockIdx.x * ENC_WARPS + warp;
     const int start = chunk * ENC_R;
     if (start >= BT) return;
-    const int end = min(BT, start + ENC_R);
-    int own = 0;
-    int i = start;
-    while (i < end) {
-        const int key = keys[i];
-        if (key < v0 || key >= v1) { /* another call's rows: skip the run */
-            while (i < end && keys[i] == key) i++;
-            continue;
-        }
-        float acc[NCH][V];
-#pragma unroll
-        for (int j = 0; j < NCH; j++)
-#pragma unroll
-            for (int k = 0; k < V; k++) acc[j][k] = 0.0f;
-        int r = i;
-        for (; r < end && keys[r] == key; r++) {
-            const T* row = dout + (size_t)pos[r] * C;
-#pragma unroll
-            for (int j = 0; j < NCH; j++) {
-                int c = (j * 32 + lane) * V;
-                if (c < C) {
-                    float x[V];
-                    load_vec<V>(x, row + c);
-#pragma unroll
-                    for (int k = 0; k < V; k++) acc[j][k] += x[k];
-                }
-            }
-        }
-        const bool before = i == start && start > 0 && keys[start - 1] == key;
-        const bool after = r == end && end < BT && keys[end] == key;
-        float* dst = nullptr;
-        if (before) dst = part_first + (size_t)chunk * C;
-        else if (after) {
-            dst = part_last + (size_t)chunk * C;
-            own = 1;
-        }
+    const int n = min(BT - start, ENC_R);
+    const int my_key = lane < n ? keys[start + lane] : 0;
+    const int my_pos = lane < n ? pos[start + lane] : 0;
+    const bool has_before = start > 0, has_after = start + n < BT;
+    const int key_before = has_before ? keys[start - 1] : 0;
+    const int key_after = has_after ? keys[start + n] : 0;
+    auto key_at = [&](int r) { return __shfl_sync(0xffffffffu, my_key, r); };
+    auto in_range = [&](int key) { return key >= v0 && key < v1; };
+    auto load_row = [&](RawVec<V, T>* x, int r) {
+        const T* row = dout + (size_t)__shfl_sync(0xffffffffu, my_pos, r) * C;
 #pragma unroll
         for (int j = 0; j < NCH; j++) {
             int c = (j * 32 + lane) * V;
-            if (c < C) {
-                if (dst) {
+            if (c < C) x[j].load(row + c);
+        }
+    };
+    auto load_dwte = [&](RawVec<V, T>* x, int key) {
 #pragma unroll
-                    for (int k = 0; k < V; k++) dst[c + k] = acc[j][k];
-                } else {
-                    T* w = dwte + (size_t)(key - v0) * C + c;
-                    float cur[V];
-                    load_vec<V>(cur, w);
+        for (int j = 0; j < NCH; j++) {
+            int c = (j * 32 + lane) * V;
+            if (c < C) x[j].load(dwte + (size_t)(key - v0) * C + c);
+        }
+    };
+    RawVec<V, T> cur[NCH], nxt[NCH], wrow[NCH];
+    float acc[NCH][V];
 #pragma unroll
-                    for (int k = 0; k < V; k++) cur[k] += acc[j][k];
-                    store_vec<V>(w, cur);
+    for (int j = 0; j < NCH; j++)
+#pragma unroll
+        for (int k = 0; k < V; k++) acc[j][k] = 0.0f;
+    int own = 0, run_start = 0;
+    int key = key_at(0);
+    load_row(cur, 0); /* row 0 even when its id is another call's: nxt starts as a copy */
+#pragma unroll
+    for (int j = 0; j < NCH; j++) wrow[j] = nxt[j] = cur[j];
+    if (in_range(key) && !(has_before && key_before == key)) load_dwte(wrow, key);
+    for (int r = 0; r < n; r++) {
+        const bool more = r + 1 < n;
+        const int next_key = key_at(more ? r + 1 : r);
+        if (more && in_range(next_key)) load_row(nxt, r + 1);
+        if (in_range(key)) {
+#pragma unroll
+            for (int j = 0; j < NCH; j++)
+#pragma unroll
+                for (int k = 0; k < V; k++) acc[j][k] += cur[j][k];
+        }
+        if (!more || next_key != key) {
+            /* the run [run_start, r] of id key ends here */
+            if (in_range(key)) {
+                const bool before = run_start == 0 && has_before && key_before == key;
+                const bool after = r == n - 1 && has_after && key_after == key;
+                float* dst = nullptr;
+                if (before) dst = part_first + (size_t)chunk * C;
+                else if (after) {
+                    dst = part_last + (size_t)chunk * C;
+                    own = 1;
+                }
+#pragma unroll
+                for (int j = 0; j < NCH; j++) {
+                    int c = (j * 32 + lane) * V;
+                    if (c < C) {
+                        if (dst) {
+#pragma unroll
+                            for (int k = 0; k < V; k++) dst[c + k] = acc[j][k];
+                        } else {
+                            float w[V];
+#pragma unroll
+                            for (int k = 0; k < V; k++) w[k] = wrow[j][k] + acc[j][k];
+                            store_vec<V>(dwte + (size_t)(key - v0) * C + c, w);
+                        }
+                    }
+#pragma unroll
+                    for (int k = 0; k < V; k++) acc[j][k] = 0.0f;
                 }
             }
+            run_start = r + 1;
+            key = next_key;
+            /* the next run never starts at position 0, so it is never "before" */
+            if (more && in_range(key)) load_dwte(wrow, key);
         }
-        i = r;
+#pragma unroll
+        for (int j = 0; j < NCH; j++) cur[j] = nxt[j];
     }
     if (lane == 0) owner[chunk] = own;
 }
