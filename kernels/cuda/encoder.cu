@@ -137,20 +137,17 @@ __global__ void __launch_bounds__(ENC_WARPS * 32)
     const int key_after = has_after ? keys[start + n] : 0;
     auto key_at = [&](int r) { return __shfl_sync(0xffffffffu, my_key, r); };
     auto in_range = [&](int key) { return key >= v0 && key < v1; };
-    auto load_row = [&](RawVec<V, T>* x, int r) {
-        const T* row = dout + (size_t)__shfl_sync(0xffffffffu, my_pos, r) * C;
+    auto dwte_row = [&](int key) { return dwte + (size_t)(key - v0) * C; };
+    /* this lane's columns of a row */
+    auto load_cols = [&](RawVec<V, T>* x, const T* row) {
 #pragma unroll
         for (int j = 0; j < NCH; j++) {
             int c = (j * 32 + lane) * V;
             if (c < C) x[j].load(row + c);
         }
     };
-    auto load_dwte = [&](RawVec<V, T>* x, int key) {
-#pragma unroll
-        for (int j = 0; j < NCH; j++) {
-            int c = (j * 32 + lane) * V;
-            if (c < C) x[j].load(dwte + (size_t)(key - v0) * C + c);
-        }
+    auto load_row = [&](RawVec<V, T>* x, int r) {
+        load_cols(x, dout + (size_t)__shfl_sync(0xffffffffu, my_pos, r) * C);
     };
     RawVec<V, T> cur[NCH], nxt[NCH], wrow[NCH];
     float acc[NCH][V];
@@ -163,7 +160,7 @@ __global__ void __launch_bounds__(ENC_WARPS * 32)
     load_row(cur, 0); /* row 0 even when its id is another call's: nxt starts as a copy */
 #pragma unroll
     for (int j = 0; j < NCH; j++) wrow[j] = nxt[j] = cur[j];
-    if (in_range(key) && !(has_before && key_before == key)) load_dwte(wrow, key);
+    if (in_range(key) && !(has_before && key_before == key)) load_cols(wrow, dwte_row(key));
     for (int r = 0; r < n; r++) {
         const bool more = r + 1 < n;
         const int next_key = key_at(more ? r + 1 : r);
@@ -196,7 +193,7 @@ __global__ void __launch_bounds__(ENC_WARPS * 32)
                             float w[V];
 #pragma unroll
                             for (int k = 0; k < V; k++) w[k] = wrow[j][k] + acc[j][k];
-                            store_vec<V>(dwte + (size_t)(key - v0) * C + c, w);
+                            store_vec<V>(dwte_row(key) + c, w);
                         }
                     }
 #pragma unroll
@@ -206,7 +203,7 @@ __global__ void __launch_bounds__(ENC_WARPS * 32)
             run_start = r + 1;
             key = next_key;
             /* the next run never starts at position 0, so it is never "before" */
-            if (more && in_range(key)) load_dwte(wrow, key);
+            if (more && in_range(key)) load_cols(wrow, dwte_row(key));
         }
 #pragma unroll
         for (int j = 0; j < NCH; j++) cur[j] = nxt[j];
