@@ -16,7 +16,11 @@
  *   test_kernels_gpu            the tests (skipped, passing, without a GPU)
  *   test_kernels_gpu --bench    also time each kernel at GPT-2 124M sizes
  *                               (B=64, T=1024, C=768, NH=12, Vp=50304; bf16)
- *                               with CUDA events, median of many runs. */
+ *                               with CUDA events, median of many runs.
+ *   test_kernels_gpu --energy   the benchmark alone (no checks), with each
+ *                               kernel's energy: run for about 2 s, the
+ *                               board's energy counter (NVML) read before and
+ *                               after, the SM clock sampled meanwhile. */
 #include "../kernels/kernels.h"
 #include "test.h"
 
@@ -27,6 +31,7 @@
 
 #ifdef USE_CUDA
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 
 typedef struct {
     Backend* g; /* CUDA backend under test */
@@ -1212,7 +1217,66 @@ static void bench_fill(Backend* g, void* p, size_t n, float scale, Rng* r) {
 
 static void bench_attention(Rng* r);
 
-static void run_bench(void) {
+/* The board's energy counter and SM clock, from NVML in the driver's library,
+ * opened at run time (nothing links against it; without it --energy stops
+ * with an error). */
+typedef struct {
+    void* dev;
+    int (*energy)(void* dev, unsigned long long* mj); /* since the driver loaded */
+    int (*clock)(void* dev, int type, unsigned* mhz);
+    int (*limit)(void* dev, unsigned* mw); /* the enforced power limit */
+} Nvml;
+
+static void nvml_open(Nvml* n) {
+    void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    if (!lib) fatal("test_kernels_gpu --energy: libnvidia-ml.so.1 (NVML) not found: %s", dlerror());
+    int (*init)(void) = (int (*)(void))dlsym(lib, "nvmlInit_v2");
+    int (*by_bus)(const char*, void**) =
+        (int (*)(const char*, void**))dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2");
+    n->energy = (int (*)(void*, unsigned long long*))dlsym(lib, "nvmlDeviceGetTotalEnergyConsumption");
+    n->clock = (int (*)(void*, int, unsigned*))dlsym(lib, "nvmlDeviceGetClockInfo");
+    n->limit = (int (*)(void*, unsigned*))dlsym(lib, "nvmlDeviceGetEnforcedPowerLimit");
+    char bus[32];
+    int d = 0;
+    if (!init || !by_bus || !n->energy || !n->clock || !n->limit || init() != 0 ||
+        cudaGetDevice(&d) != cudaSuccess || cudaDeviceGetPCIBusId(bus, sizeof bus, d) != cudaSuccess ||
+        by_bus(bus, &n->dev) != 0)
+        fatal("test_kernels_gpu --energy: NVML has no energy counter for this GPU");
+    unsigned long long e;
+    if (n->energy(n->dev, &e) != 0)
+        fatal("test_kernels_gpu --energy: NVML's energy counter is not supported here");
+}
+
+/* op b run back to back for about 2 s (one call lasting ms): millijoules a
+ * call, mean watts and the mean SM clock (MHz, sampled every ~20 ms) */
+static void bench_energy(Bench* b, const Nvml* nv, float ms, double* mj, double* watts, double* mhz) {
+    const int reps = ms > 200.0f ? 10 : (int)ceil(2000.0 / ms);
+    const int every = ms > 20.0f ? 1 : (int)ceil(20.0 / ms);
+    b->g->synchronize(b->g);
+    unsigned long long e0 = 0, e1 = 0;
+    double clk = 0.0;
+    int nclk = 0;
+    nv->energy(nv->dev, &e0);
+    const double t0 = wall_time_s();
+    for (int i = 0; i < reps; i++) {
+        bench_op(b);
+        unsigned c;
+        /* the host queues ahead until the launch queue is full, then keeps
+         * pace with the GPU: from there on a sample every ~20 ms of work */
+        if (i % every == every - 1 && nv->clock(nv->dev, 1 /* NVML_CLOCK_SM */, &c) == 0) {
+            clk += c;
+            nclk++;
+        }
+    }
+    b->g->synchronize(b->g);
+    const double t1 = wall_time_s();
+    nv->energy(nv->dev, &e1);
+    *mj = (double)(e1 - e0) / reps;
+    *watts = (double)(e1 - e0) * 1e-3 / (t1 - t0);
+    *mhz = nclk ? clk / nclk : 0.0;
+}
+
+static void run_bench(int energy) {
     Bench b;
     memset(&b, 0, sizeof b);
     Backend* g = backend_cuda_create(DTYPE_BF16, 0, 0);
@@ -1307,11 +1371,24 @@ static void run_bench(void) {
         {B_ADAMW, "adamw (124M, bf16 params)", b.P * 28.0, 0, 1},
     };
     int nrows = (int)(sizeof rows / sizeof rows[0]);
-    double step_ms = 0.0;
+    double step_ms = 0.0, step_j = 0.0, step_ems = 0.0;
+    Nvml nv;
+    unsigned limit_mw = 0;
+    if (energy) {
+        nvml_open(&nv);
+        nv.limit(nv.dev, &limit_mw);
+    }
     printf(
         "\n== bench: bf16, B=%d T=%d C=%zu NH=%d Vp=%d (median of 20; floors %.1f TB/s copy, %.0f TFLOP/s matmul)\n",
         b.B, b.T, C, b.NH, b.Vp, BENCH_COPY_TBS, BENCH_MM_TFLOPS);
-    printf("%-42s %9s %12s %8s %6s\n", "kernel", "ms", "achieved", "floor ms", "x floor");
+    if (energy)
+        printf(
+            "energy: each kernel back to back for ~2 s; mJ a call, mean W and SM MHz over those runs, ms a call "
+            "at that pace, J a step (x uses a step); power limit %.0f W\n",
+            limit_mw / 1000.0);
+    printf("%-42s %9s %12s %8s %6s", "kernel", "ms", "achieved", "floor ms", "x floor");
+    if (energy) printf(" %9s %6s %6s %8s %7s", "mJ/call", "W", "MHz", "ms@load", "J/step");
+    printf("\n");
     for (int i = 0; i < nrows; i++) {
         b.op = rows[i].op;
         float ms = bench_time(&b, 20);
@@ -1326,16 +1403,29 @@ static void run_bench(void) {
             ach = rows[i].bytes / (ms * 1e-3) / 1e12 * 1000.0;
             unit = "GB/s";
         }
-        printf("%-42s %9.3f %7.1f %-7s %8.3f %6.2f\n", rows[i].name, ms, ach, unit, floor_ms, ms / floor_ms);
+        printf("%-42s %9.3f %7.1f %-7s %8.3f %6.2f", rows[i].name, ms, ach, unit, floor_ms, ms / floor_ms);
+        if (energy) {
+            double mj, w, mhz;
+            bench_energy(&b, &nv, ms, &mj, &w, &mhz);
+            printf(" %9.1f %6.0f %6.0f %8.3f %7.3f", mj, w, mhz, mj / w, mj * rows[i].layers * 1e-3);
+            step_j += mj * rows[i].layers * 1e-3;
+            step_ems += mj / w * rows[i].layers;
+        }
+        printf("\n");
         step_ms += ms * rows[i].layers;
     }
+    if (energy)
+        printf(
+            "energy of a rough step from the rows above: %.1f J (%.1f ms at those runs' pace); that energy at the "
+            "%.0f W limit: %.1f ms -> %.0f tokens/s\n",
+            step_j, step_ems, limit_mw / 1000.0, step_j / (limit_mw * 1e-6), N / (step_j / (limit_mw * 1e-3)));
     /* a rough step: per layer 2 residual+LN fwd, 4 matmul fwd/bwd, attention
      * fwd/bwd, 2 LN bwd; plus the lm head, classifier, encoder, optimizer */
     printf("rough step estimate from the rows above (weighted by use per step): %.1f ms -> %.0f tokens/s\n",
            step_ms, N / (step_ms * 1e-3));
     printf("peak reserved %.2f GB, tracked peak %.2f GB\n", g->peak_reserved(g) / 1e9, g->mem.peak / 1e9);
     g->destroy(g);
-    bench_attention(&r);
+    if (!energy) bench_attention(&r);
 }
 
 /* every attention kernel choice at GPT-2 124M sizes (B=64, T=1024, 12 heads
@@ -1398,16 +1488,23 @@ static void run_attention_only(Backend* cpu) {
 #endif /* USE_CUDA */
 
 int main(int argc, char** argv) {
-    int bench = 0, attention_only = 0;
+    int bench = 0, attention_only = 0, energy = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--bench") == 0) bench = 1;
         else if (strcmp(argv[i], "--attention") == 0) attention_only = 1;
-        else fatal("test_kernels_gpu: unknown flag %s (--bench or --attention)", argv[i]);
+        else if (strcmp(argv[i], "--energy") == 0) energy = 1;
+        else fatal("test_kernels_gpu: unknown flag %s (--bench, --attention or --energy)", argv[i]);
     }
+    if (energy && (bench || attention_only)) fatal("test_kernels_gpu: --energy runs alone");
 #ifdef USE_CUDA
+    if (energy && !backend_cuda_available()) fatal("test_kernels_gpu --energy: no CUDA GPU visible");
     if (!backend_cuda_available()) {
         printf("test_kernels_gpu: no CUDA GPU visible, skipped\n");
         return test_done("test_kernels_gpu");
+    }
+    if (energy) {
+        run_bench(1);
+        return 0;
     }
     Backend* cpu = backend_cpu_create();
     if (attention_only) {
@@ -1423,10 +1520,11 @@ int main(int argc, char** argv) {
     run_all(cpu, DTYPE_FP32);
     run_all(cpu, DTYPE_BF16);
     cpu->destroy(cpu);
-    if (bench) run_bench();
+    if (bench) run_bench(0);
 #else
     (void)bench;
     (void)attention_only;
+    if (energy) fatal("test_kernels_gpu --energy: built without CUDA");
     printf("test_kernels_gpu: built without CUDA, skipped\n");
 #endif
     return test_done("test_kernels_gpu");
