@@ -116,9 +116,10 @@ __global__ void iota_kernel(int* p, int n) {
 #define ENC_WARPS 8
 
 /* Phase A walks its chunk's positions in order with the next row's load in
- * flight, and a run's dwte row loaded when the run starts: a warp waits for
- * about one latency a row, not two or three (row, then dwte). The chunk's
- * ids and positions are one load, a lane each (ENC_R == 32). */
+ * flight, and a run's dwte row loaded when the run starts (if the run ends
+ * in that row, not in a part): a warp waits for about one latency a row, not
+ * two or three (row, then dwte). The chunk's ids and positions are one load,
+ * a lane each (ENC_R == 32). */
 static_assert(ENC_R == 32, "phase A keeps a chunk's ids and positions a lane each");
 
 template <typename T, int V, int NCH>
@@ -160,7 +161,8 @@ __global__ void __launch_bounds__(ENC_WARPS * 32)
     load_row(cur, 0); /* row 0 even when its id is another call's: nxt starts as a copy */
 #pragma unroll
     for (int j = 0; j < NCH; j++) wrow[j] = nxt[j] = cur[j];
-    if (in_range(key) && !(has_before && key_before == key)) load_cols(wrow, dwte_row(key));
+    if (in_range(key) && !(has_before && key_before == key) && !(has_after && key_after == key))
+        load_cols(wrow, dwte_row(key));
     for (int r = 0; r < n; r++) {
         const bool more = r + 1 < n;
         const int next_key = key_at(more ? r + 1 : r);
@@ -202,8 +204,10 @@ __global__ void __launch_bounds__(ENC_WARPS * 32)
             }
             run_start = r + 1;
             key = next_key;
-            /* the next run never starts at position 0, so it is never "before" */
-            if (more && in_range(key)) load_cols(wrow, dwte_row(key));
+            /* the next run never starts at position 0, so it is never "before";
+             * one that carries on into the next chunk ends in part_last, and
+             * keys are sorted, so it is the run of key_after */
+            if (more && in_range(key) && !(has_after && key_after == key)) load_cols(wrow, dwte_row(key));
         }
 #pragma unroll
         for (int j = 0; j < NCH; j++) cur[j] = nxt[j];
