@@ -1224,7 +1224,7 @@ typedef struct {
     void* dev;
     int (*energy)(void* dev, unsigned long long* mj); /* since the driver loaded */
     int (*clock)(void* dev, int type, unsigned* mhz);
-    int (*limit)(void* dev, unsigned* mw); /* the enforced power limit */
+    unsigned limit_mw; /* the enforced power limit */
 } Nvml;
 
 static void nvml_open(Nvml* n) {
@@ -1235,16 +1235,18 @@ static void nvml_open(Nvml* n) {
         (int (*)(const char*, void**))dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2");
     n->energy = (int (*)(void*, unsigned long long*))dlsym(lib, "nvmlDeviceGetTotalEnergyConsumption");
     n->clock = (int (*)(void*, int, unsigned*))dlsym(lib, "nvmlDeviceGetClockInfo");
-    n->limit = (int (*)(void*, unsigned*))dlsym(lib, "nvmlDeviceGetEnforcedPowerLimit");
+    int (*limit)(void*, unsigned*) = (int (*)(void*, unsigned*))dlsym(lib, "nvmlDeviceGetEnforcedPowerLimit");
     char bus[32];
     int d = 0;
-    if (!init || !by_bus || !n->energy || !n->clock || !n->limit || init() != 0 ||
+    if (!init || !by_bus || !n->energy || !n->clock || !limit || init() != 0 ||
         cudaGetDevice(&d) != cudaSuccess || cudaDeviceGetPCIBusId(bus, sizeof bus, d) != cudaSuccess ||
         by_bus(bus, &n->dev) != 0)
         fatal("test_kernels_gpu --energy: NVML has no energy counter for this GPU");
     unsigned long long e;
     if (n->energy(n->dev, &e) != 0)
         fatal("test_kernels_gpu --energy: NVML's energy counter is not supported here");
+    if (limit(n->dev, &n->limit_mw) != 0 || n->limit_mw == 0)
+        fatal("test_kernels_gpu --energy: NVML gives no power limit for this GPU");
 }
 
 /* op b run back to back for about 2 s (one call lasting ms): millijoules a
@@ -1372,12 +1374,8 @@ static void run_bench(int energy) {
     };
     int nrows = (int)(sizeof rows / sizeof rows[0]);
     double step_ms = 0.0, step_j = 0.0, step_ems = 0.0;
-    Nvml nv;
-    unsigned limit_mw = 0;
-    if (energy) {
-        nvml_open(&nv);
-        nv.limit(nv.dev, &limit_mw);
-    }
+    Nvml nv = {0};
+    if (energy) nvml_open(&nv);
     printf(
         "\n== bench: bf16, B=%d T=%d C=%zu NH=%d Vp=%d (median of 20; floors %.1f TB/s copy, %.0f TFLOP/s matmul)\n",
         b.B, b.T, C, b.NH, b.Vp, BENCH_COPY_TBS, BENCH_MM_TFLOPS);
@@ -1385,7 +1383,7 @@ static void run_bench(int energy) {
         printf(
             "energy: each kernel back to back for ~2 s; mJ a call, mean W and SM MHz over those runs, ms a call "
             "at that pace, J a step (x uses a step); power limit %.0f W\n",
-            limit_mw / 1000.0);
+            nv.limit_mw / 1000.0);
     printf("%-42s %9s %12s %8s %6s", "kernel", "ms", "achieved", "floor ms", "x floor");
     if (energy) printf(" %9s %6s %6s %8s %7s", "mJ/call", "W", "MHz", "ms@load", "J/step");
     printf("\n");
@@ -1418,7 +1416,8 @@ static void run_bench(int energy) {
         printf(
             "energy of a rough step from the rows above: %.1f J (%.1f ms at those runs' pace); that energy at the "
             "%.0f W limit: %.1f ms -> %.0f tokens/s\n",
-            step_j, step_ems, limit_mw / 1000.0, step_j / (limit_mw * 1e-6), N / (step_j / (limit_mw * 1e-3)));
+            step_j, step_ems, nv.limit_mw / 1000.0, step_j / (nv.limit_mw * 1e-6),
+            N / (step_j / (nv.limit_mw * 1e-3)));
     /* a rough step: per layer 2 residual+LN fwd, 4 matmul fwd/bwd, attention
      * fwd/bwd, 2 LN bwd; plus the lm head, classifier, encoder, optimizer */
     printf("rough step estimate from the rows above (weighted by use per step): %.1f ms -> %.0f tokens/s\n",

@@ -139,6 +139,11 @@ __global__ void __launch_bounds__(ENC_WARPS * 32)
     auto key_at = [&](int r) { return __shfl_sync(0xffffffffu, my_key, r); };
     auto in_range = [&](int key) { return key >= v0 && key < v1; };
     auto dwte_row = [&](int key) { return dwte + (size_t)(key - v0) * C; };
+    /* a run of the id just before (after) the chunk began in an earlier
+     * chunk (goes on into the next one): keys are sorted, so such a run is
+     * the chunk's first (last), and its sum is a part, not added to dwte here */
+    auto joins_before = [&](int key) { return has_before && key_before == key; };
+    auto joins_after = [&](int key) { return has_after && key_after == key; };
     /* this lane's columns of a row */
     auto load_cols = [&](RawVec<V, T>* x, const T* row) {
 #pragma unroll
@@ -161,8 +166,7 @@ __global__ void __launch_bounds__(ENC_WARPS * 32)
     load_row(cur, 0); /* row 0 even when its id is another call's: nxt starts as a copy */
 #pragma unroll
     for (int j = 0; j < NCH; j++) wrow[j] = nxt[j] = cur[j];
-    if (in_range(key) && !(has_before && key_before == key) && !(has_after && key_after == key))
-        load_cols(wrow, dwte_row(key));
+    if (in_range(key) && !joins_before(key) && !joins_after(key)) load_cols(wrow, dwte_row(key));
     for (int r = 0; r < n; r++) {
         const bool more = r + 1 < n;
         const int next_key = key_at(more ? r + 1 : r);
@@ -176,8 +180,8 @@ __global__ void __launch_bounds__(ENC_WARPS * 32)
         if (!more || next_key != key) {
             /* the run [run_start, r] of id key ends here */
             if (in_range(key)) {
-                const bool before = run_start == 0 && has_before && key_before == key;
-                const bool after = r == n - 1 && has_after && key_after == key;
+                const bool before = run_start == 0 && joins_before(key);
+                const bool after = joins_after(key);
                 float* dst = nullptr;
                 if (before) dst = part_first + (size_t)chunk * C;
                 else if (after) {
@@ -204,10 +208,8 @@ __global__ void __launch_bounds__(ENC_WARPS * 32)
             }
             run_start = r + 1;
             key = next_key;
-            /* the next run never starts at position 0, so it is never "before";
-             * one that carries on into the next chunk ends in part_last, and
-             * keys are sorted, so it is the run of key_after */
-            if (more && in_range(key) && !(has_after && key_after == key)) load_cols(wrow, dwte_row(key));
+            /* the next run never starts at position 0, so it is never "before" */
+            if (more && in_range(key) && !joins_after(key)) load_cols(wrow, dwte_row(key));
         }
 #pragma unroll
         for (int j = 0; j < NCH; j++) cur[j] = nxt[j];
