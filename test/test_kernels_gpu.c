@@ -1076,9 +1076,6 @@ static void run_all(Backend* cpu, DType dt) {
 
 /* ---------------------------------------------------------------- bench */
 
-#define BENCH_COPY_TBS 4.3    /* measured device copy, TB/s */
-#define BENCH_MM_TFLOPS 790.0 /* measured bf16 cuBLAS matmul, TFLOP/s */
-
 typedef struct {
     Backend* g;
     int B, T, C, NH, V, Vp, N;
@@ -1118,6 +1115,8 @@ enum {
     B_CLS,
     B_SUMSQ,
     B_ADAMW,
+    B_COPY,    /* the copy floor: x1 -> x2, N x 4C bf16 */
+    B_MM_PEAK, /* the matmul floor: N x 3072 x 3072, no epilogue */
     B_NOPS
 };
 
@@ -1166,6 +1165,8 @@ static void bench_op(Bench* b) {
     case B_CLS: g->fused_classifier(g, b->logits, b->losses, b->tok, 1.0f / N, N, b->V, b->Vp); break;
     case B_SUMSQ: (void)g->grad_sumsq(g, b->grads, &b->piece, 1); break;
     case B_ADAMW: g->adamw(g, b->params, b->grads, b->master, b->m, b->v, &b->piece, 1, &a); break;
+    case B_COPY: g->copy(g, b->x2, b->x1, (size_t)N * 4 * C * 2); break;
+    case B_MM_PEAK: g->matmul_forward(g, b->x2, NULL, b->x1, b->w, NULL, N, 4 * C, 4 * C); break;
     }
 }
 
@@ -1374,11 +1375,19 @@ static void run_bench(int energy) {
     };
     int nrows = (int)(sizeof rows / sizeof rows[0]);
     double step_ms = 0.0, step_j = 0.0, step_ems = 0.0;
+    /* The floors, measured on this GPU the way the rows are (median of 20
+     * back to back): a device copy of 402 MB (read + write), and cuBLASLt's
+     * bf16 matmul at a large square shape without epilogue. */
+    b.op = B_COPY;
+    const double copy_tbs = N * 4 * C * 2.0 * 2 / (bench_time(&b, 20) * 1e-3) / 1e12;
+    b.op = B_MM_PEAK;
+    const double mm_tflops = 2.0 * N * 4 * C * 4 * C / (bench_time(&b, 20) * 1e-3) / 1e12;
     Nvml nv = {0};
     if (energy) nvml_open(&nv);
     printf(
-        "\n== bench: bf16, B=%d T=%d C=%zu NH=%d Vp=%d (median of 20; floors %.1f TB/s copy, %.0f TFLOP/s matmul)\n",
-        b.B, b.T, C, b.NH, b.Vp, BENCH_COPY_TBS, BENCH_MM_TFLOPS);
+        "\n== bench: bf16, B=%d T=%d C=%zu NH=%d Vp=%d (median of 20; floors measured here: %.2f TB/s device "
+        "copy, %.0f TFLOP/s matmul %zu x %zu x %zu)\n",
+        b.B, b.T, C, b.NH, b.Vp, copy_tbs, mm_tflops, N, 4 * C, 4 * C);
     if (energy)
         printf(
             "energy: each kernel back to back for ~2 s; mJ a call, mean W and SM MHz over those runs, ms a call "
@@ -1393,11 +1402,11 @@ static void run_bench(int energy) {
         double floor_ms, ach;
         const char* unit;
         if (rows[i].flops > 0) {
-            floor_ms = rows[i].flops / (BENCH_MM_TFLOPS * 1e12) * 1e3;
+            floor_ms = rows[i].flops / (mm_tflops * 1e12) * 1e3;
             ach = rows[i].flops / (ms * 1e-3) / 1e12;
             unit = "TFLOP/s";
         } else {
-            floor_ms = rows[i].bytes / (BENCH_COPY_TBS * 1e12) * 1e3;
+            floor_ms = rows[i].bytes / (copy_tbs * 1e12) * 1e3;
             ach = rows[i].bytes / (ms * 1e-3) / 1e12 * 1000.0;
             unit = "GB/s";
         }
