@@ -28,9 +28,7 @@
  * its output (and written aux matrix) has exactly the first candidate's bits
  * on the call's own operands (a bf16 output can hide a different fp32 order
  * in a small matrix, so the bits alone do not decide). Of those, the fastest
- * in a window of back-to-back runs is kept: at the GPU's power limit, where
- * a training step runs, that order can differ from the order of single runs
- * at full clock. Timing noise may change which
+ * (least of three timed runs) is kept. Timing noise may change which
  * algorithm runs, never the results: reruns and ranks stay bit-identical to
  * the heuristic's first choice. GPT2_CUDA_GEMM_TUNE=0 keeps the first
  * candidate without trying the others; =2 also prints each choice and
@@ -45,9 +43,6 @@
 
 #define LT_WORKSPACE_BYTES (32u << 20)
 #define LT_CANDIDATES 8 /* heuristic candidates tried on a configuration's first call */
-/* the sustained timing of a candidate: back-to-back runs for about this long, at most this many */
-#define LT_WINDOW_MS 40.0f
-#define LT_WINDOW_REPS 400
 
 struct LtKey {
     int transa, transb;
@@ -234,48 +229,34 @@ static void lt_choose(Backend* be, LtPlan* p, const LtCall* k) {
     cudaEvent_t t0, t1;
     CUDA_CHECK(cudaEventCreate(&t0));
     CUDA_CHECK(cudaEventCreate(&t1));
-    /* Per candidate: one run for the bits, one timed alone (burst), then a
-     * window of back-to-back runs timed as a whole (sustained). The choice
-     * goes by the sustained time: in a training step the GPU runs at its
-     * power limit, where a call's time follows its energy, and the candidate
-     * fastest alone at full clock need not be the one fastest there. A first
-     * window, untimed, brings the GPU to that state before any is timed. */
-    float burst_ms[LT_CANDIDATES], best_ms[LT_CANDIDATES];
+    float best_ms[LT_CANDIDATES];
     int ran[LT_CANDIDATES];
-    bool warmed = false;
     for (int i = 0; i < nc; i++) {
-        burst_ms[i] = best_ms[i] = 1e30f;
+        best_ms[i] = 1e30f;
         ran[i] = 0;
         if (!same_structure[i] && c->gemm_tune < 2) continue; /* =2 times the others too, to print */
-        if (copy) CUDA_CHECK(cudaMemcpyAsync(Drun, k->D, k->d_bytes, cudaMemcpyDeviceToDevice, st));
-        if (lt_run(be, p, &p->cand[i], Drun, k->A, k->B, k->beta) != CUBLAS_STATUS_SUCCESS) continue;
-        hash_units_kernel<<<256, 256, 0, st>>>(hash + 4 * i, (const uint16_t*)Drun, k->d_bytes / 2);
-        LAUNCH_CHECK();
-        if (k->aux_out) {
-            hash_units_kernel<<<256, 256, 0, st>>>(hash + 4 * i + 2, (const uint16_t*)k->aux, k->aux_bytes / 2);
-            LAUNCH_CHECK();
-        }
-        ran[i] = 1;
-        if (copy) CUDA_CHECK(cudaMemcpyAsync(Drun, k->D, k->d_bytes, cudaMemcpyDeviceToDevice, st));
-        CUDA_CHECK(cudaEventRecord(t0, st));
-        CUBLAS_CHECK(lt_run(be, p, &p->cand[i], Drun, k->A, k->B, k->beta));
-        CUDA_CHECK(cudaEventRecord(t1, st));
-        CUDA_CHECK(cudaEventSynchronize(t1));
-        CUDA_CHECK(cudaEventElapsedTime(&burst_ms[i], t0, t1));
-        /* the window's runs start from whatever the last left in the copy of
-         * D (beta = 1): only their time counts, the bits were hashed above */
-        int reps = (int)ceilf(LT_WINDOW_MS / fmaxf(burst_ms[i], 1e-3f));
-        reps = reps < 2 ? 2 : reps > LT_WINDOW_REPS ? LT_WINDOW_REPS : reps;
-        for (int w = warmed ? 1 : 0; w < 2; w++) {
+        /* one run for the bits, then three timed */
+        for (int r = 0; r < 4; r++) {
+            if (copy) CUDA_CHECK(cudaMemcpyAsync(Drun, k->D, k->d_bytes, cudaMemcpyDeviceToDevice, st));
             CUDA_CHECK(cudaEventRecord(t0, st));
-            for (int r = 0; r < reps; r++) CUBLAS_CHECK(lt_run(be, p, &p->cand[i], Drun, k->A, k->B, k->beta));
+            if (lt_run(be, p, &p->cand[i], Drun, k->A, k->B, k->beta) != CUBLAS_STATUS_SUCCESS) break;
             CUDA_CHECK(cudaEventRecord(t1, st));
+            if (r == 0) {
+                hash_units_kernel<<<256, 256, 0, st>>>(hash + 4 * i, (const uint16_t*)Drun, k->d_bytes / 2);
+                LAUNCH_CHECK();
+                if (k->aux_out) {
+                    hash_units_kernel<<<256, 256, 0, st>>>(
+                        hash + 4 * i + 2, (const uint16_t*)k->aux, k->aux_bytes / 2);
+                    LAUNCH_CHECK();
+                }
+                ran[i] = 1;
+                continue;
+            }
+            float ms = 0.0f;
             CUDA_CHECK(cudaEventSynchronize(t1));
+            CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
+            if (ms < best_ms[i]) best_ms[i] = ms;
         }
-        warmed = true;
-        float ms = 0.0f;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
-        best_ms[i] = ms / (float)reps;
     }
     unsigned long long h[LT_CANDIDATES * 4];
     CUDA_CHECK(
@@ -300,7 +281,7 @@ static void lt_choose(Backend* be, LtPlan* p, const LtCall* k) {
     if (c->gemm_tune == 2) {
         fprintf(stderr,
                 "gemm m=%d n=%d k=%d trans=%d%d epilogue=%d beta=%g: candidate %d of %d (%d with the first's "
-                "k-sum structure, %d of those with its bits): %.4f ms sustained, the first %.4f ms\n",
+                "k-sum structure, %d of those with its bits): %.4f ms, the first %.4f ms\n",
                 p->key.m, p->key.n, p->key.k, p->key.transa, p->key.transb, p->key.epilogue, (double)k->beta,
                 pick, nc, ntry, same, (double)best_ms[pick], (double)best_ms[0]);
         for (int i = 0; i < nc; i++) {
@@ -310,11 +291,9 @@ static void lt_choose(Backend* be, LtPlan* p, const LtCall* k) {
                 &p->cand[i], CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w);
             cublasLtMatmulAlgoConfigGetAttribute(
                 &p->cand[i], CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &w);
-            fprintf(stderr,
-                    "  cand %d: id %d splitk %d red %d tile %d stages %d: %.4f ms alone, %.4f sustained%s%s\n",
-                    i, sums[i][0], sums[i][1], sums[i][2], tile, stages, (double)burst_ms[i],
-                    (double)best_ms[i], same_structure[i] ? "" : " (other k-sum)",
-                    same_bits[i] ? " same bits" : "");
+            fprintf(stderr, "  cand %d: id %d splitk %d red %d tile %d stages %d: %.4f ms%s%s\n", i, sums[i][0],
+                    sums[i][1], sums[i][2], tile, stages, (double)best_ms[i],
+                    same_structure[i] ? "" : " (other k-sum)", same_bits[i] ? " same bits" : "");
         }
     }
 }
