@@ -1376,9 +1376,10 @@ static void run_bench(int energy) {
     int nrows = (int)(sizeof rows / sizeof rows[0]);
     double step_ms = 0.0, step_j = 0.0, step_ems = 0.0;
     /* The floors, measured on this GPU the way the rows are (median of 20
-     * back to back): B_COPY's 402 MB device copy (bytes read + written) and
+     * back to back): B_COPY's device copy of one activation buffer (402 MB,
+     * counted as bytes read + written) and
      * B_MM_PEAK's bf16 matmul, N x 4C x 4C without epilogue. */
-    const double copy_bytes = N * 4 * C * 2.0 * 2, mm_flops = 2.0 * N * 4 * C * 4 * C;
+    const double copy_bytes = 2.0 * act, mm_flops = 2.0 * N * 4 * C * 4 * C;
     b.op = B_COPY;
     const double copy_tbs = copy_bytes / (bench_time(&b, 20) * 1e-3) / 1e12;
     b.op = B_MM_PEAK;
