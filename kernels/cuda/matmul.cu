@@ -42,10 +42,7 @@
 #include <string.h>
 
 #define LT_WORKSPACE_BYTES (32u << 20)
-#define LT_CANDIDATES 8 /* heuristic candidates on a configuration's first call */
-#define LT_VARIANTS 192 /* at most so many configurations screened (the heuristic's and their neighbours) */
-#define LT_FINALISTS 8  /* the fastest screened, given the bits test and three timed runs */
-#define LT_SCREEN_MS 1000.0f /* GPU time a configuration's screening may take */
+#define LT_CANDIDATES 8 /* heuristic candidates tried on a configuration's first call */
 
 struct LtKey {
     int transa, transb;
@@ -157,124 +154,20 @@ static bool lt_overlap(const void* p, size_t pb, const void* q, size_t qb) {
     return q && a < b + qb && b < a + pb;
 }
 
-/* A configuration's attributes, as cuBLASLt reports them. Those that fix the
- * order of each output's k-sum: the algorithm id (kernel family), the
- * split-k count, the reduction scheme (lt_same_sum). The others choose tile
- * shape and schedule: the neighbours lt_neighbours tries. */
-struct LtConf {
-    int32_t id;
-    uint32_t splitk, red;
-    uint32_t tile, stages, swizzle, custom;
-    uint16_t cluster, inner;
-};
-
-static LtConf lt_conf(const cublasLtMatmulAlgo_t* a) {
-    LtConf f;
-    memset(&f, 0, sizeof f);
+/* The configuration attributes that fix the order of each output's k-sum:
+ * the algorithm id (kernel family), the split-k count, the reduction scheme. */
+static void lt_sum_structure(const cublasLtMatmulAlgo_t* a, int out[3]) {
+    int32_t id = 0;
+    uint32_t splitk = 0, red = 0;
     size_t w = 0;
-    /* attributes an algorithm does not have stay 0 */
-    cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_ID, &f.id, sizeof f.id, &w);
-    cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &f.splitk, sizeof f.splitk, &w);
-    cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &f.red, sizeof f.red, &w);
-    cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_TILE_ID, &f.tile, sizeof f.tile, &w);
-    cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_STAGES_ID, &f.stages, sizeof f.stages, &w);
-    cublasLtMatmulAlgoConfigGetAttribute(
-        a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &f.swizzle, sizeof f.swizzle, &w);
-    cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &f.custom, sizeof f.custom, &w);
-    cublasLtMatmulAlgoConfigGetAttribute(
-        a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &f.cluster, sizeof f.cluster, &w);
-    cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, &f.inner, sizeof f.inner, &w);
-    return f;
-}
-
-static bool lt_same_sum(const LtConf* a, const LtConf* b) {
-    return a->id == b->id && a->splitk == b->splitk && a->red == b->red;
-}
-
-static bool lt_same_conf(const LtConf* a, const LtConf* b) {
-    return lt_same_sum(a, b) && a->tile == b->tile && a->stages == b->stages && a->swizzle == b->swizzle &&
-           a->custom == b->custom && a->cluster == b->cluster && a->inner == b->inner;
-}
-
-/* the candidate list of one choice: the heuristic's, then their neighbours */
-struct LtCands {
-    cublasLtMatmulAlgo_t algo[LT_VARIANTS];
-    LtConf conf[LT_VARIANTS];
-    int n;
-};
-
-/* Appends a to the list if cuBLASLt accepts it for p's GEMM with the
- * workspace there is, and the list does not hold it yet. */
-static void lt_try_add(CudaCtx* c, LtPlan* p, LtCands* v, const cublasLtMatmulAlgo_t* a) {
-    if (v->n == LT_VARIANTS) return;
-    const LtConf f = lt_conf(a);
-    for (int i = 0; i < v->n; i++)
-        if (lt_same_conf(&v->conf[i], &f)) return;
-    cublasLtMatmulHeuristicResult_t r;
-    memset(&r, 0, sizeof r);
-    if (cublasLtMatmulAlgoCheck(c->lt, p->desc, p->a, p->b, p->d, p->d, a, &r) != CUBLAS_STATUS_SUCCESS ||
-        r.workspaceSize > c->lt_workspace_bytes)
-        return;
-    v->algo[v->n] = *a;
-    v->conf[v->n] = f;
-    v->n++;
-}
-
-/* A copy of base with one configuration attribute set; false where the
- * algorithm does not take it. */
-static bool lt_with(cublasLtMatmulAlgo_t* out, const cublasLtMatmulAlgo_t* base,
-                    cublasLtMatmulAlgoConfigAttributes_t attr, const void* val, size_t size) {
-    *out = *base;
-    return cublasLtMatmulAlgoConfigSetAttribute(out, attr, val, size) == CUBLAS_STATUS_SUCCESS;
-}
-
-/* An array capability of a (tile or stages ids) into ids (at most cap);
- * returns the count, 0 where the algorithm has none. */
-static int lt_cap_ids(const cublasLtMatmulAlgo_t* a, cublasLtMatmulAlgoCapAttributes_t attr, uint32_t* ids,
-                      int cap) {
-    size_t need = 0;
-    if (cublasLtMatmulAlgoCapGetAttribute(a, attr, NULL, 0, &need) != CUBLAS_STATUS_SUCCESS || need == 0)
-        return 0;
-    const int n = (int)(need / sizeof(uint32_t));
-    if (n > cap) return 0;
-    size_t w = 0;
-    if (cublasLtMatmulAlgoCapGetAttribute(a, attr, ids, need, &w) != CUBLAS_STATUS_SUCCESS) return 0;
-    return (int)(w / sizeof(uint32_t));
-}
-
-/* Appends the configurations one attribute away from base (a candidate of
- * the heuristic's): every tile and stages id its algorithm offers, CTA
- * swizzling on and off, each custom option, the cluster shapes below. None
- * of these touch the k-sum's structure (the id, split-k and reduction
- * scheme stay base's); the bits test decides whether one keeps the bits. */
-static void lt_neighbours(CudaCtx* c, LtPlan* p, LtCands* v, const cublasLtMatmulAlgo_t* base) {
-    cublasLtMatmulAlgo_t a;
-    uint32_t ids[1024];
-    const int nt = lt_cap_ids(base, CUBLASLT_ALGO_CAP_TILE_IDS, ids, 1024);
-    for (int i = 0; i < nt; i++)
-        if (lt_with(&a, base, CUBLASLT_ALGO_CONFIG_TILE_ID, &ids[i], sizeof ids[i])) lt_try_add(c, p, v, &a);
-    const int ns = lt_cap_ids(base, CUBLASLT_ALGO_CAP_STAGES_IDS, ids, 1024);
-    for (int i = 0; i < ns; i++)
-        if (lt_with(&a, base, CUBLASLT_ALGO_CONFIG_STAGES_ID, &ids[i], sizeof ids[i])) lt_try_add(c, p, v, &a);
-    uint32_t swz = 0;
-    size_t w = 0;
-    if (cublasLtMatmulAlgoCapGetAttribute(
-            base, CUBLASLT_ALGO_CAP_CTA_SWIZZLING_SUPPORT, &swz, sizeof swz, &w) == CUBLAS_STATUS_SUCCESS &&
-        swz)
-        for (uint32_t s = 0; s < 2; s++)
-            if (lt_with(&a, base, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &s, sizeof s)) lt_try_add(c, p, v, &a);
-    int32_t cmax = 0;
-    if (cublasLtMatmulAlgoCapGetAttribute(base, CUBLASLT_ALGO_CAP_CUSTOM_OPTION_MAX, &cmax, sizeof cmax, &w) ==
-        CUBLAS_STATUS_SUCCESS)
-        for (uint32_t o = 0; (int32_t)o <= cmax && o < 16; o++)
-            if (lt_with(&a, base, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &o, sizeof o)) lt_try_add(c, p, v, &a);
-    static const uint16_t clusters[] = {
-        CUBLASLT_CLUSTER_SHAPE_AUTO,  CUBLASLT_CLUSTER_SHAPE_1x1x1, CUBLASLT_CLUSTER_SHAPE_2x1x1,
-        CUBLASLT_CLUSTER_SHAPE_1x2x1, CUBLASLT_CLUSTER_SHAPE_2x2x1, CUBLASLT_CLUSTER_SHAPE_4x1x1,
-        CUBLASLT_CLUSTER_SHAPE_1x4x1};
-    for (size_t i = 0; i < sizeof clusters / sizeof clusters[0]; i++)
-        if (lt_with(&a, base, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &clusters[i], sizeof clusters[i]))
-            lt_try_add(c, p, v, &a);
+    CUBLAS_CHECK(cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &w));
+    CUBLAS_CHECK(
+        cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof splitk, &w));
+    CUBLAS_CHECK(
+        cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &red, sizeof red, &w));
+    out[0] = (int)id;
+    out[1] = (int)splitk;
+    out[2] = (int)red;
 }
 
 static cublasStatus_t lt_run(Backend* be, LtPlan* p, const cublasLtMatmulAlgo_t* algo, void* D, const void* A,
@@ -285,33 +178,10 @@ static cublasStatus_t lt_run(Backend* be, LtPlan* p, const cublasLtMatmulAlgo_t*
                           c->lt_workspace, c->lt_workspace_bytes, c->stream);
 }
 
-/* The least time of runs of algo on the call's operands (into Drun,
- * restored from D first when beta != 0); 1e30 where it fails to run. */
-static float lt_time(Backend* be, LtPlan* p, const LtCall* k, const cublasLtMatmulAlgo_t* algo, void* Drun,
-                     int runs, cudaEvent_t t0, cudaEvent_t t1) {
-    cudaStream_t st = cuda_ctx(be)->stream;
-    float best = 1e30f;
-    for (int r = 0; r < runs; r++) {
-        if (k->beta != 0.0f) CUDA_CHECK(cudaMemcpyAsync(Drun, k->D, k->d_bytes, cudaMemcpyDeviceToDevice, st));
-        CUDA_CHECK(cudaEventRecord(t0, st));
-        if (lt_run(be, p, algo, Drun, k->A, k->B, k->beta) != CUBLAS_STATUS_SUCCESS) return 1e30f;
-        CUDA_CHECK(cudaEventRecord(t1, st));
-        float ms = 0.0f;
-        CUDA_CHECK(cudaEventSynchronize(t1));
-        CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
-        if (ms < best) best = ms;
-    }
-    return best;
-}
-
-/* Chooses p->algo among the heuristic's candidates and their neighbours:
- * the fastest whose output (and aux output) has candidate 0's bits on the
- * call's operands. The neighbours (and the heuristic's candidates of the
- * first's k-sum structure) are screened by the least of two runs (the first
- * run of a kernel may load it); the LT_FINALISTS fastest, and candidate 0,
- * then run once for their bits and three times timed. With beta != 0 each
- * run starts from a copy of D (stream-ordered memory, freed at the end), so
- * D itself is not touched; with beta == 0 the runs overwrite D (and aux),
+/* Runs every candidate of p on the call's operands and keeps in p->algo the
+ * fastest whose output (and aux output) has candidate 0's bits. With beta != 0
+ * each run starts from a copy of D (stream-ordered memory, freed at the end),
+ * so D itself is not touched; with beta == 0 the runs overwrite D (and aux),
  * which the caller's call then overwrites again. */
 static void lt_choose(Backend* be, LtPlan* p, const LtCall* k) {
     CudaCtx* c = cuda_ctx(be);
@@ -319,7 +189,7 @@ static void lt_choose(Backend* be, LtPlan* p, const LtCall* k) {
     const int nc = p->ncand;
     p->algo = p->cand[0];
     p->ncand = 0;
-    if (c->gemm_tune == 0) return;
+    if (nc < 2 || c->gemm_tune == 0) return;
     /* an output that overlaps an input would change the inputs between runs */
     const size_t es = dtype_size(be->dtype);
     const size_t a_bytes = (size_t)(p->key.transa ? p->key.m : p->key.k) * p->key.lda * es;
@@ -330,41 +200,28 @@ static void lt_choose(Backend* be, LtPlan* p, const LtCall* k) {
          (lt_overlap(k->aux, k->aux_bytes, k->A, a_bytes) || lt_overlap(k->aux, k->aux_bytes, k->B, b_bytes))))
         return;
 
-    /* the heuristic's candidates first (all of them, for the print), then
-     * the neighbours of those with the first's k-sum structure */
-    LtCands* v = (LtCands*)xcalloc(1, sizeof(LtCands));
+    /* only candidates with the first one's k-sum structure are tried */
+    int sums[LT_CANDIDATES][3], same_structure[LT_CANDIDATES];
+    int ntry = 0;
     for (int i = 0; i < nc; i++) {
-        v->algo[v->n] = p->cand[i];
-        v->conf[v->n] = lt_conf(&p->cand[i]);
-        v->n++;
-    }
-    for (int i = 0; i < nc; i++)
-        if (lt_same_sum(&v->conf[i], &v->conf[0])) lt_neighbours(c, p, v, &p->cand[i]);
-    const int n = v->n;
-    int same_structure[LT_VARIANTS], ntry = 0;
-    for (int i = 0; i < n; i++) {
-        same_structure[i] = lt_same_sum(&v->conf[i], &v->conf[0]);
+        lt_sum_structure(&p->cand[i], sums[i]);
+        same_structure[i] = memcmp(sums[i], sums[0], sizeof sums[0]) == 0;
         ntry += same_structure[i];
     }
-    if (ntry < 2 && c->gemm_tune < 2) {
-        free(v);
-        return;
-    }
+    if (ntry < 2 && c->gemm_tune < 2) return;
 
     /* the tuning's memory is stream-ordered and short-lived; where there is
      * none to spare, the first candidate stays */
     const bool copy = k->beta != 0.0f;
     unsigned long long* hash = NULL;
     void* Dt = NULL;
-    if (cudaMallocAsync((void**)&hash, (size_t)(LT_FINALISTS + 1) * 4 * sizeof(unsigned long long), st) !=
-            cudaSuccess ||
+    if (cudaMallocAsync((void**)&hash, (size_t)nc * 4 * sizeof(unsigned long long), st) != cudaSuccess ||
         (copy && cudaMallocAsync(&Dt, k->d_bytes + 256, st) != cudaSuccess)) {
         cudaGetLastError(); /* the failed allocation's error, not sticky */
         if (hash) CUDA_CHECK(cudaFreeAsync(hash, st));
-        free(v);
         return;
     }
-    CUDA_CHECK(cudaMemsetAsync(hash, 0, (size_t)(LT_FINALISTS + 1) * 4 * sizeof(unsigned long long), st));
+    CUDA_CHECK(cudaMemsetAsync(hash, 0, (size_t)nc * 4 * sizeof(unsigned long long), st));
     /* the copy keeps D's alignment within 256 bytes (the plan's key holds
      * alignments up to 256; cudaMallocAsync's are at least that) */
     void* Drun = copy ? (void*)((char*)Dt + ((uintptr_t)k->D & 255)) : k->D;
@@ -372,90 +229,73 @@ static void lt_choose(Backend* be, LtPlan* p, const LtCall* k) {
     cudaEvent_t t0, t1;
     CUDA_CHECK(cudaEventCreate(&t0));
     CUDA_CHECK(cudaEventCreate(&t1));
-
-    /* screening: the finalists are candidate 0 and the LT_FINALISTS fastest
-     * of the others with its structure */
-    float screen_ms[LT_VARIANTS], spent = 0.0f;
-    for (int i = 0; i < n; i++) {
-        screen_ms[i] = 1e30f;
-        /* in list order (the heuristic's first) until the budget is spent:
-         * the lm head's GEMMs take milliseconds a run */
-        if (i == 0 || !same_structure[i] || spent > LT_SCREEN_MS) continue;
-        screen_ms[i] = lt_time(be, p, k, &v->algo[i], Drun, 2, t0, t1);
-        if (screen_ms[i] < 1e30f) spent += 2.0f * screen_ms[i];
-    }
-    int fin[LT_FINALISTS + 1], nfin = 1;
-    fin[0] = 0;
-    int taken[LT_VARIANTS] = {0};
-    for (; nfin <= LT_FINALISTS; nfin++) {
-        int b = -1;
-        for (int i = 1; i < n; i++)
-            if (!taken[i] && screen_ms[i] < 1e30f && (b < 0 || screen_ms[i] < screen_ms[b])) b = i;
-        if (b < 0) break;
-        taken[b] = 1;
-        fin[nfin] = b;
-    }
-
-    /* the finalists: one run for the bits, then three timed */
-    float best_ms[LT_FINALISTS + 1];
-    int ran[LT_FINALISTS + 1];
-    for (int f = 0; f < nfin; f++) {
-        const cublasLtMatmulAlgo_t* a = &v->algo[fin[f]];
-        ran[f] = 0;
-        best_ms[f] = 1e30f;
-        if (copy) CUDA_CHECK(cudaMemcpyAsync(Drun, k->D, k->d_bytes, cudaMemcpyDeviceToDevice, st));
-        if (lt_run(be, p, a, Drun, k->A, k->B, k->beta) != CUBLAS_STATUS_SUCCESS) continue;
-        hash_units_kernel<<<256, 256, 0, st>>>(hash + 4 * f, (const uint16_t*)Drun, k->d_bytes / 2);
-        LAUNCH_CHECK();
-        if (k->aux_out) {
-            hash_units_kernel<<<256, 256, 0, st>>>(hash + 4 * f + 2, (const uint16_t*)k->aux, k->aux_bytes / 2);
-            LAUNCH_CHECK();
+    float best_ms[LT_CANDIDATES];
+    int ran[LT_CANDIDATES];
+    for (int i = 0; i < nc; i++) {
+        best_ms[i] = 1e30f;
+        ran[i] = 0;
+        if (!same_structure[i] && c->gemm_tune < 2) continue; /* =2 times the others too, to print */
+        /* one run for the bits, then three timed */
+        for (int r = 0; r < 4; r++) {
+            if (copy) CUDA_CHECK(cudaMemcpyAsync(Drun, k->D, k->d_bytes, cudaMemcpyDeviceToDevice, st));
+            CUDA_CHECK(cudaEventRecord(t0, st));
+            if (lt_run(be, p, &p->cand[i], Drun, k->A, k->B, k->beta) != CUBLAS_STATUS_SUCCESS) break;
+            CUDA_CHECK(cudaEventRecord(t1, st));
+            if (r == 0) {
+                hash_units_kernel<<<256, 256, 0, st>>>(hash + 4 * i, (const uint16_t*)Drun, k->d_bytes / 2);
+                LAUNCH_CHECK();
+                if (k->aux_out) {
+                    hash_units_kernel<<<256, 256, 0, st>>>(
+                        hash + 4 * i + 2, (const uint16_t*)k->aux, k->aux_bytes / 2);
+                    LAUNCH_CHECK();
+                }
+                ran[i] = 1;
+                continue;
+            }
+            float ms = 0.0f;
+            CUDA_CHECK(cudaEventSynchronize(t1));
+            CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
+            if (ms < best_ms[i]) best_ms[i] = ms;
         }
-        ran[f] = 1;
-        best_ms[f] = lt_time(be, p, k, a, Drun, 3, t0, t1);
     }
-    unsigned long long h[(LT_FINALISTS + 1) * 4];
+    unsigned long long h[LT_CANDIDATES * 4];
     CUDA_CHECK(
-        cudaMemcpyAsync(h, hash, (size_t)nfin * 4 * sizeof(unsigned long long), cudaMemcpyDeviceToHost, st));
+        cudaMemcpyAsync(h, hash, (size_t)nc * 4 * sizeof(unsigned long long), cudaMemcpyDeviceToHost, st));
     CUDA_CHECK(cudaStreamSynchronize(st));
     if (Dt) CUDA_CHECK(cudaFreeAsync(Dt, st));
     CUDA_CHECK(cudaFreeAsync(hash, st));
     CUDA_CHECK(cudaEventDestroy(t0));
     CUDA_CHECK(cudaEventDestroy(t1));
 
-    /* a finalist may replace the first only with its bits */
-    int same_bits[LT_FINALISTS + 1];
+    /* a candidate may replace the first only with the first's k-sum
+     * structure and bits (the others ran only to be printed) */
+    int same_bits[LT_CANDIDATES];
     int pick = 0, same = 1;
-    for (int f = 0; f < nfin; f++) {
-        same_bits[f] = ran[f] && memcmp(&h[4 * f], &h[0], 4 * sizeof h[0]) == 0;
-        if (f == 0 || !same_bits[f]) continue;
+    for (int i = 0; i < nc; i++) {
+        same_bits[i] = ran[i] && memcmp(&h[4 * i], &h[0], 4 * sizeof h[0]) == 0;
+        if (i == 0 || !same_structure[i] || !same_bits[i]) continue;
         same++;
-        if (best_ms[f] < best_ms[pick]) pick = f;
+        if (best_ms[i] < best_ms[pick]) pick = i;
     }
-    p->algo = v->algo[fin[pick]];
+    p->algo = p->cand[pick];
     if (c->gemm_tune == 2) {
         fprintf(stderr,
-                "gemm m=%d n=%d k=%d trans=%d%d epilogue=%d beta=%g: %d configurations (%d from the heuristic, "
-                "%d with the first's k-sum structure); finalist %d of %d (%d with the first's bits): %.4f ms, "
-                "the first %.4f ms\n",
-                p->key.m, p->key.n, p->key.k, p->key.transa, p->key.transb, p->key.epilogue, (double)k->beta, n,
-                nc, ntry, pick, nfin, same, (double)best_ms[pick], (double)best_ms[0]);
-        for (int f = 0; f < nfin; f++) {
-            const LtConf* q = &v->conf[fin[f]];
-            fprintf(
-                stderr,
-                "  %s %d: id %d splitk %u red %u tile %u stages %u swizzle %u custom %u cluster %u: screened "
-                "%.4f ms, %.4f ms%s\n",
-                fin[f] < nc ? "cand" : "neighbour", fin[f], q->id, q->splitk, q->red, q->tile, q->stages,
-                q->swizzle, q->custom, q->cluster, (double)screen_ms[fin[f]], (double)best_ms[f],
-                same_bits[f] ? " same bits" : "");
+                "gemm m=%d n=%d k=%d trans=%d%d epilogue=%d beta=%g: candidate %d of %d (%d with the first's "
+                "k-sum structure, %d of those with its bits): %.4f ms, the first %.4f ms\n",
+                p->key.m, p->key.n, p->key.k, p->key.transa, p->key.transb, p->key.epilogue, (double)k->beta,
+                pick, nc, ntry, same, (double)best_ms[pick], (double)best_ms[0]);
+        for (int i = 0; i < nc; i++) {
+            int tile = 0, stages = 0;
+            size_t w = 0;
+            cublasLtMatmulAlgoConfigGetAttribute(
+                &p->cand[i], CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w);
+            cublasLtMatmulAlgoConfigGetAttribute(
+                &p->cand[i], CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &w);
+            fprintf(stderr, "  cand %d: id %d splitk %d red %d tile %d stages %d: %.4f ms%s%s\n", i, sums[i][0],
+                    sums[i][1], sums[i][2], tile, stages, (double)best_ms[i],
+                    same_structure[i] ? "" : " (other k-sum)", same_bits[i] ? " same bits" : "");
         }
-        for (int i = 1; i < nc; i++)
-            if (!same_structure[i])
-                fprintf(stderr, "  cand %d: id %d splitk %u red %u tile %u (other k-sum: not tried)\n", i,
-                        v->conf[i].id, v->conf[i].splitk, v->conf[i].red, v->conf[i].tile);
     }
-    free(v);
 }
 
 /* D[m,n] (col-major, ld ldd) = op(A) op(B) (+ beta D), with an epilogue.
