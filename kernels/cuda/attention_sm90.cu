@@ -142,12 +142,6 @@ __device__ __forceinline__ void mma_rs_first(float (&d)[32], const uint32_t (&a)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
-/* 2^x, one MUFU instruction (subnormal results flushed to 0) */
-__device__ __forceinline__ float ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
 /* accumulator columns 16kc .. 16kc+15 of this thread's rows as the A
  * fragment of k-step kc */
 __device__ __forceinline__ void to_a(uint32_t (&a)[4], const float (&s)[32], int kc) {
@@ -426,7 +420,7 @@ __global__ void __launch_bounds__(NT)
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
             /* a row's first tile always has an unmasked key (key 0), so mx
              * is finite here and mrow - mx is -inf (alpha 0) or finite */
-            alpha[r] = ex2((mrow[r] - mx[r]) * sl2);
+            alpha[r] = ex2_approx((mrow[r] - mx[r]) * sl2);
             mrow[r] = mx[r];
             msc[r] = mx[r] * sl2;
             lrow[r] *= alpha[r];
@@ -434,7 +428,7 @@ __global__ void __launch_bounds__(NT)
 #pragma unroll
         for (int i = 0; i < 32; i++) {
             const int r = (i >> 1) & 1;
-            float p = ex2(fmaf(s[i], sl2, -msc[r]));
+            float p = ex2_approx(fmaf(s[i], sl2, -msc[r]));
             s[i] = p;
             lrow[r] += p;
         }
@@ -747,7 +741,8 @@ __global__ void __launch_bounds__(NT_BWD, 1)
                 Dq[2 * j + 1] = w.y;
             }
 #pragma unroll
-            for (int i = 0; i < 32; i++) st[i] = ex2(fmaf(st[i], sl2, nl[(i >> 2) * 2 + (i & 1)])); /* P^T */
+            for (int i = 0; i < 32; i++)
+                st[i] = ex2_approx(fmaf(st[i], sl2, nl[(i >> 2) * 2 + (i & 1)])); /* P^T */
             /* the causal mask, on the diagonal tile only (a compare and a
              * select per element on every tile were 64 of a warp's ~870
              * instructions a tile) */
