@@ -20,7 +20,9 @@
  *   test_kernels_gpu --energy   the benchmark alone (no checks), with each
  *                               kernel's energy: run for about 2 s, the
  *                               board's energy counter (NVML) read before and
- *                               after, the SM clock sampled meanwhile. */
+ *                               after, the SM clock sampled meanwhile.
+ *   --only NAME                 with --bench or --energy: only the rows
+ *                               whose kernel name contains NAME. */
 #include "../kernels/kernels.h"
 #include "test.h"
 
@@ -1358,7 +1360,7 @@ static void bench_energy(Bench* b, const Nvml* nv, float ms, double* mj, double*
     *mhz = nclk ? clk / nclk : 0.0;
 }
 
-static void run_bench(int energy) {
+static void run_bench(int energy, const char* only) {
     Bench b;
     memset(&b, 0, sizeof b);
     Backend* g = backend_cuda_create(DTYPE_BF16, 0, 0);
@@ -1478,6 +1480,7 @@ static void run_bench(int energy) {
     if (energy) printf(" %9s %6s %6s %8s %7s", "mJ/call", "W", "MHz", "ms@load", "J/step");
     printf("\n");
     for (int i = 0; i < nrows; i++) {
+        if (only && !strstr(rows[i].name, only)) continue;
         b.op = rows[i].op;
         float ms = bench_time(&b, 20);
         double floor_ms, ach;
@@ -1578,13 +1581,17 @@ static void run_attention_only(Backend* cpu) {
 
 int main(int argc, char** argv) {
     int bench = 0, attention_only = 0, energy = 0;
+    const char* only = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--bench") == 0) bench = 1;
+        else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
         else if (strcmp(argv[i], "--attention") == 0) attention_only = 1;
         else if (strcmp(argv[i], "--energy") == 0) energy = 1;
-        else fatal("test_kernels_gpu: unknown flag %s (--bench, --attention or --energy)", argv[i]);
+        else
+            fatal("test_kernels_gpu: unknown flag %s (--bench, --attention, --energy or --only NAME)", argv[i]);
     }
     if (energy && (bench || attention_only)) fatal("test_kernels_gpu: --energy runs alone");
+    if (only && !bench && !energy) fatal("test_kernels_gpu: --only selects rows of --bench or --energy");
 #ifdef USE_CUDA
     if (!backend_cuda_available()) {
         if (energy) fatal("test_kernels_gpu --energy: no CUDA GPU visible");
@@ -1592,7 +1599,7 @@ int main(int argc, char** argv) {
         return test_done("test_kernels_gpu");
     }
     if (energy) {
-        run_bench(1);
+        run_bench(1, only);
         return 0;
     }
     Backend* cpu = backend_cpu_create();
@@ -1609,7 +1616,7 @@ int main(int argc, char** argv) {
     run_all(cpu, DTYPE_FP32);
     run_all(cpu, DTYPE_BF16);
     cpu->destroy(cpu);
-    if (bench) run_bench(0);
+    if (bench) run_bench(0, only);
 #else
     (void)bench;
     (void)attention_only;
