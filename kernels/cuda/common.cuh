@@ -52,10 +52,11 @@ struct CudaCtx {
     cublasLtHandle_t lt;
     void* lt_workspace;
     size_t lt_workspace_bytes;
-    LtPlan* plans; /* linked list of cached (shape -> descriptors + algorithm) */
-    int fc_wgmma;  /* GPT2_CUDA_FC_GELU: the fc forward by matmul_sm90.cu (1, the default where
+    LtPlan* plans;   /* linked list of cached (shape -> descriptors + algorithm) */
+    int fc_wgmma;    /* GPT2_CUDA_FC_GELU: the fc forward by matmul_sm90.cu (1, the default where
                     * CudaCtx.sm90) or by cuBLASLt's GELU epilogue (0) */
-    int gemm_tune; /* GPT2_CUDA_GEMM_TUNE: 0 the heuristic's first algorithm; 1 the fastest candidate
+    int fc_clusters; /* clusters of that kernel the GPU runs at once: its persistent grid */
+    int gemm_tune;   /* GPT2_CUDA_GEMM_TUNE: 0 the heuristic's first algorithm; 1 the fastest candidate
                     * with its bits (default); 2 the same, printing each choice and candidate (matmul.cu) */
     /* one scratch buffer reused by the kernels that need temporary memory
      * (only the compute stream touches it, so successive users are ordered) */

@@ -9,12 +9,16 @@
  * wait. Here a warpgroup of its own does that work while the next tile's
  * products run.
  *
- * A persistent kernel, one block of 384 threads a multiprocessor, walking the
- * 128 x 256 output tiles m-block by m-block (the blocks at work at once share
- * rows of inp, and w stays in L2), in three roles:
- *  - warp 0, one thread (the producer): the copy engine loads each k-step's tiles
- *    (inp 128 x 64 and w 256 x 64, 48 KB) into one of STAGES buffers, once
- *    the consumers have released it;
+ * A persistent kernel, one block of 384 threads a multiprocessor, in
+ * clusters of two blocks that walk the output in pairs of 128 x 256 tiles,
+ * the two m-blocks above each other (the clusters at work at once share
+ * rows of inp, and w stays in L2). The two tiles of a pair need the same
+ * 256 rows of w: each block loads half of them for both (the copy engine's
+ * multicast), so a k-step takes 32 KB from L2 a block instead of 48. A
+ * block works in three roles:
+ *  - warp 0, one thread (the producer): the copy engine loads each k-step's
+ *    tiles (inp 128 x 64, and w's 128 x 64 half into both blocks) into one of
+ *    STAGES buffers, once the consumers of both blocks have released it;
  *  - warpgroups 1 and 2 (the consumers): 64 rows of the tile each,
  *    d (64 x 256 fp32, 128 registers a thread) += A B^T by wgmma m64n256k16
  *    with both operands in shared memory; at the tile's end they add the
@@ -37,6 +41,7 @@
 
 static constexpr int BM = 128, BN = 256, BK = 64; /* the output tile; a k-step */
 static constexpr int STAGES = 3;
+static constexpr int CLUSTER = 2;                                  /* blocks a cluster: the tiles of a pair */
 static constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2; /* 16 + 32 KB a stage */
 static constexpr int STG_BLOCK = BM * 128;                         /* 64 columns of the staging tile: 16 KB */
 static constexpr int NTHREADS = 384; /* the producer and epilogue warpgroup, two consumer warpgroups */
@@ -91,6 +96,13 @@ __device__ __forceinline__ float2 bias_pair(const bf16* bias, int col) {
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(bias + col));
 }
 
+/* a stage's mbarrier `empty` at offset bar, arrived on in every block of the
+ * cluster: both blocks' producers write into each block's stage */
+__device__ __forceinline__ void release_stage(uint32_t bar) {
+#pragma unroll
+    for (int c = 0; c < CLUSTER; c++) mbar_arrive_cta(bar, c);
+}
+
 /* gelu of 8 bf16 (16 bytes) */
 __device__ __forceinline__ uint4 gelu8(uint4 v) {
     uint32_t* p = reinterpret_cast<uint32_t*>(&v);
@@ -104,7 +116,7 @@ __device__ __forceinline__ uint4 gelu8(uint4 v) {
 } // namespace
 #endif
 
-__global__ void __launch_bounds__(NTHREADS, 1)
+__global__ void __launch_bounds__(NTHREADS, 1) __cluster_dims__(CLUSTER, 1, 1)
     fc_gelu_kernel(const __grid_constant__ CUtensorMap tm_inp, const __grid_constant__ CUtensorMap tm_w,
                    const __grid_constant__ CUtensorMap tm_pre, bf16* out, const bf16* bias, int M, int N,
                    int K) {
@@ -112,44 +124,48 @@ __global__ void __launch_bounds__(NTHREADS, 1)
     const uint32_t sA = smem_base(), sB = sA + STAGES * A_BYTES, sP = sB + STAGES * B_BYTES;
     const uint32_t full = sP + 4 * STG_BLOCK, empty = full + 8 * STAGES;
     const uint32_t pfull = empty + 8 * STAGES, pempty = pfull + 8; /* the staging tile's */
-    const int nb = N / BN, ntiles = (M + BM - 1) / BM * nb, nk = K / BK;
+    /* pair p of the cluster's walk: m-blocks 2 (p / nb) and the next, n-block
+     * p % nb; this block (its rank in the cluster: blockIdx.x % 2) takes
+     * the m-block of its rank (one past M reads zeros and writes nothing) */
+    const int nb = N / BN, npairs = ((M + BM - 1) / BM + CLUSTER - 1) / CLUSTER * nb, nk = K / BK;
+    const int rank = blockIdx.x % CLUSTER, pair0 = blockIdx.x / CLUSTER, pairs_step = gridDim.x / CLUSTER;
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
-            mbar_init(full + 8 * s, 1);  /* the producer's, with the bytes to expect */
-            mbar_init(empty + 8 * s, 8); /* one arrival a consumer warp */
+            mbar_init(full + 8 * s, 1);            /* the producer's, with the bytes to expect */
+            mbar_init(empty + 8 * s, 8 * CLUSTER); /* one arrival a consumer warp of each block */
         }
         mbar_init(pfull, 256);     /* every consumer thread */
         mbar_init(pempty, NT_EPI); /* every epilogue thread */
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    __syncthreads();
+    cluster_sync(); /* the other block's barriers are set up before this one's copies and arrivals reach them */
     const int wg = warpgroup(), lane = threadIdx.x & 31;
 
     if (wg == 0 && threadIdx.x < 32) {
         /* ---- the producer ---- */
         if (threadIdx.x == 0) {
             int it = 0; /* k-steps of this block so far: stage it % STAGES */
-            for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
-                const int m0 = tile / nb * BM, n0 = tile % nb * BN;
+            for (int p = pair0; p < npairs; p += pairs_step) {
+                const int m0 = (p / nb * CLUSTER + rank) * BM, n0 = p % nb * BN;
                 for (int kb = 0; kb < nk; kb++, it++) {
                     const int s = it % STAGES;
                     if (it >= STAGES) mbar_wait(empty + 8 * s, (it / STAGES - 1) & 1);
+                    /* both halves of w's tile count here: this block's own
+                     * and the other block's multicast */
                     mbar_expect_tx(full + 8 * s, A_BYTES + B_BYTES);
                     /* rows past M are read as zeros (and counted in the bytes) */
                     tma_load_2d(sA + s * A_BYTES, &tm_inp, kb * BK, m0, full + 8 * s);
-                    tma_load_2d(sB + s * B_BYTES, &tm_w, kb * BK, n0, full + 8 * s);
+                    tma_load_2d_multicast(sB + s * B_BYTES + rank * (B_BYTES / CLUSTER), &tm_w, kb * BK,
+                                          n0 + rank * (BN / CLUSTER), full + 8 * s, (1u << CLUSTER) - 1);
                 }
             }
         }
-        return;
-    }
-
-    if (wg == 0) {
+    } else if (wg == 0) {
         /* ---- the epilogue: pre by the copy engine, out = gelu(pre) ---- */
         const int e = threadIdx.x - 32;
         int tc = 0; /* tiles of this block so far */
-        for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x, tc++) {
-            const int m0 = tile / nb * BM, n0 = tile % nb * BN;
+        for (int p = pair0; p < npairs; p += pairs_step, tc++) {
+            const int m0 = (p / nb * CLUSTER + rank) * BM, n0 = p % nb * BN;
             mbar_wait(pfull, tc & 1);
             if (e == 0) {
                 /* rows past M are not written */
@@ -170,59 +186,59 @@ __global__ void __launch_bounds__(NTHREADS, 1)
             mbar_arrive(pempty);
         }
         if (e == 0) bulk_wait_all<false>();
-        return;
-    }
-
-    /* ---- the consumers ---- */
-    const int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, t4 = lane & 3;
-    float d[128];
+    } else {
+        /* ---- the consumers ---- */
+        const int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, t4 = lane & 3;
+        float d[128];
 #pragma unroll
-    for (int i = 0; i < 128; i++) d[i] = 0.0f;
-    int it = 0, tc = 0;
-    for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x, tc++) {
-        const int m0 = tile / nb * BM, n0 = tile % nb * BN;
-        (void)m0;
-        for (int kb = 0; kb < nk; kb++, it++) {
-            const int s = it % STAGES;
-            mbar_wait(full + 8 * s, (it / STAGES) & 1);
-            const uint64_t da = desc(sA + s * A_BYTES + cw * (64 * 128)), db = desc(sB + s * B_BYTES);
-            wg_fence();
+        for (int i = 0; i < 128; i++) d[i] = 0.0f;
+        int it = 0, tc = 0;
+        for (int p = pair0; p < npairs; p += pairs_step, tc++) {
+            const int n0 = p % nb * BN;
+            for (int kb = 0; kb < nk; kb++, it++) {
+                const int s = it % STAGES;
+                mbar_wait(full + 8 * s, (it / STAGES) & 1);
+                const uint64_t da = desc(sA + s * A_BYTES + cw * (64 * 128)), db = desc(sB + s * B_BYTES);
+                wg_fence();
 #pragma unroll
-            for (int kk = 0; kk < BK / 16; kk++) mma_n256(d, da + kk * KSTEP_K, db + kk * KSTEP_K, kb | kk);
-            wg_commit();
-            /* the previous k-step's products are done: its stage is free */
-            if (kb > 0) {
-                wg_wait<1>();
-                if (lane == 0) mbar_arrive(empty + 8 * ((it - 1) % STAGES));
+                for (int kk = 0; kk < BK / 16; kk++) mma_n256(d, da + kk * KSTEP_K, db + kk * KSTEP_K, kb | kk);
+                wg_commit();
+                /* the previous k-step's products are done: its stage is free */
+                if (kb > 0) {
+                    wg_wait<1>();
+                    if (lane == 0) release_stage(empty + 8 * ((it - 1) % STAGES));
+                }
             }
-        }
-        wg_wait<0>();
-        reg_fence(d);
-        if (lane == 0) mbar_arrive(empty + 8 * ((it - 1) % STAGES));
+            wg_wait<0>();
+            reg_fence(d);
+            if (lane == 0) release_stage(empty + 8 * ((it - 1) % STAGES));
 
-        /* d + bias, rounded to bf16, into the staging tile once the epilogue
-         * has done with the previous tile's: lane l addresses row l % 16 of
-         * the warp's 16, the 8 columns of block 2 jj + l / 16 (stmatrix's four
-         * 8 x 8 matrices: rows 0-7 and 8-15 of block 2 jj, then of 2 jj + 1) */
-        if (tc > 0) mbar_wait(pempty, (tc - 1) & 1);
-        const int r = cw * 64 + warp * 16 + (lane & 15);
+            /* d + bias, rounded to bf16, into the staging tile once the epilogue
+             * has done with the previous tile's: lane l addresses row l % 16 of
+             * the warp's 16, the 8 columns of block 2 jj + l / 16 (stmatrix's four
+             * 8 x 8 matrices: rows 0-7 and 8-15 of block 2 jj, then of 2 jj + 1) */
+            if (tc > 0) mbar_wait(pempty, (tc - 1) & 1);
+            const int r = cw * 64 + warp * 16 + (lane & 15);
 #pragma unroll
-        for (int jj = 0; jj < 16; jj++) {
-            const float2 b0 = bias_pair(bias, n0 + 16 * jj + 2 * t4),
-                         b1 = bias_pair(bias, n0 + 16 * jj + 8 + 2 * t4);
-            const uint32_t v0 = pack_bf16(d[8 * jj + 0] + b0.x, d[8 * jj + 1] + b0.y);
-            const uint32_t v1 = pack_bf16(d[8 * jj + 2] + b0.x, d[8 * jj + 3] + b0.y);
-            const uint32_t v2 = pack_bf16(d[8 * jj + 4] + b1.x, d[8 * jj + 5] + b1.y);
-            const uint32_t v3 = pack_bf16(d[8 * jj + 6] + b1.x, d[8 * jj + 7] + b1.y);
-            const int j = 2 * jj + (lane >> 4);
-            asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
-                             sP + (j / 8) * STG_BLOCK + sw128(r, j % 8)),
-                         "r"(v0), "r"(v1), "r"(v2), "r"(v3)
-                         : "memory");
+            for (int jj = 0; jj < 16; jj++) {
+                const float2 b0 = bias_pair(bias, n0 + 16 * jj + 2 * t4),
+                             b1 = bias_pair(bias, n0 + 16 * jj + 8 + 2 * t4);
+                const uint32_t v0 = pack_bf16(d[8 * jj + 0] + b0.x, d[8 * jj + 1] + b0.y);
+                const uint32_t v1 = pack_bf16(d[8 * jj + 2] + b0.x, d[8 * jj + 3] + b0.y);
+                const uint32_t v2 = pack_bf16(d[8 * jj + 4] + b1.x, d[8 * jj + 5] + b1.y);
+                const uint32_t v3 = pack_bf16(d[8 * jj + 6] + b1.x, d[8 * jj + 7] + b1.y);
+                const int j = 2 * jj + (lane >> 4);
+                asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                                 sP + (j / 8) * STG_BLOCK + sw128(r, j % 8)),
+                             "r"(v0), "r"(v1), "r"(v2), "r"(v3)
+                             : "memory");
+            }
+            fence_async_smem(); /* for the copy engine's store */
+            mbar_arrive(pfull);
         }
-        fence_async_smem(); /* for the copy engine's store */
-        mbar_arrive(pfull);
     }
+    /* no block leaves while the other may still arrive on its barriers */
+    cluster_sync();
 #endif
 }
 
@@ -243,8 +259,18 @@ static CUtensorMap tile_map(CudaCtx* c, const void* base, int inner, int outer, 
 }
 
 void fc_gelu_sm90_init(Backend* be) {
-    (void)be;
+    CudaCtx* c = cuda_ctx(be);
     CUDA_CHECK(cudaFuncSetAttribute(fc_gelu_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM));
+    /* how many clusters fit at once (not always num_sms / 2: a cluster's
+     * blocks run in one group of multiprocessors) */
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(CLUSTER * c->num_sms);
+    cfg.blockDim = dim3(NTHREADS);
+    cfg.dynamicSmemBytes = SMEM;
+    int n = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, fc_gelu_kernel, &cfg));
+    if (n < 1) fatal("fc forward: the wgmma kernel's clusters of %d blocks do not fit this GPU", CLUSTER);
+    c->fc_clusters = n;
 }
 
 bool fc_gelu_sm90_fits(const void* out, const void* pre, const void* inp, const void* w, const void* bias,
@@ -256,10 +282,10 @@ bool fc_gelu_sm90_fits(const void* out, const void* pre, const void* inp, const 
 void fc_gelu_sm90(Backend* be, bf16* out, bf16* pre, const bf16* inp, const bf16* w, const bf16* bias, int M,
                   int K, int N) {
     CudaCtx* c = cuda_ctx(be);
-    const CUtensorMap ti = tile_map(c, inp, K, M, BM), tw = tile_map(c, w, K, N, BN),
+    const CUtensorMap ti = tile_map(c, inp, K, M, BM), tw = tile_map(c, w, K, N, BN / CLUSTER),
                       tp = tile_map(c, pre, N, M, BM);
-    const int ntiles = (M + BM - 1) / BM * (N / BN);
-    const int grid = ntiles < c->num_sms ? ntiles : c->num_sms;
+    const int npairs = ((M + BM - 1) / BM + CLUSTER - 1) / CLUSTER * (N / BN);
+    const int grid = CLUSTER * (npairs < c->fc_clusters ? npairs : c->fc_clusters);
     fc_gelu_kernel<<<grid, NTHREADS, SMEM, c->stream>>>(ti, tw, tp, out, bias, M, N, K);
     LAUNCH_CHECK();
 }

@@ -2,7 +2,8 @@
  * kernels share (attention_sm90.cu, matmul_sm90.cu): shared-memory tiles of
  * 128-byte rows in the 128-byte swizzle that both wgmma and the copy engine
  * (TMA) use, wgmma's matrix descriptors and its fence / commit / wait,
- * mbarriers, the copy engine's 2-D tile loads and stores, named barriers.
+ * mbarriers, the copy engine's 2-D tile loads (to one block or multicast to
+ * the blocks of a cluster) and stores, named barriers, cluster barriers.
  *
  * SM90A is defined in device code compiled for sm_90a only (wgmma, setmaxnreg
  * and the tensor copies are not in the portable PTX); the kernels that use
@@ -119,6 +120,22 @@ __device__ __forceinline__ bool mbar_test(uint32_t bar, uint32_t parity) {
                  : "memory");
     return ok != 0;
 }
+/* ---- clusters ---- */
+/* every thread of the cluster waits here for all of its threads that have
+ * not exited; the shared-memory writes before it (this block's and the
+ * others') are visible after it */
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+/* one arrival on the mbarrier at shared address bar (an offset in this
+ * block's shared memory) of block `cta` of the cluster, this one included */
+__device__ __forceinline__ void mbar_arrive_cta(uint32_t bar, uint32_t cta) {
+    asm volatile("{\n.reg .b32 a;\nmapa.shared::cluster.u32 a, %0, %1;\n"
+                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [a];\n}\n" ::"r"(bar),
+                 "r"(cta)
+                 : "memory");
+}
+
 /* the 2-D tile of map at coordinates (c0 inner, c1) into shared memory at
  * dst, completing on the mbarrier bar (the tile's bytes count against its
  * expected bytes) */
@@ -129,6 +146,15 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
         "[%4];\n" ::"r"(dst),
         "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
         : "memory");
+}
+/* the same, into the same offset dst of every block of the cluster in
+ * `ctas` (a bit a block), each completing on its own mbarrier at offset bar */
+__device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                                      uint32_t bar, uint16_t ctas) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::"
+                 "cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+                 "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(ctas)
+                 : "memory");
 }
 /* shared memory at src to the 2-D tile of map at (c0, c1) (parts outside the
  * tensor are not written), in this thread's current bulk group */
