@@ -52,6 +52,7 @@ static constexpr size_t SMEM = 1024 + STAGES * (A_BYTES + B_BYTES) + 4 * STG_BLO
 #ifdef SM90A
 namespace {
 constexpr int NT_EPI = 96; /* the epilogue's threads (warps 1-3) */
+constexpr int BAR_EPI = 1; /* their named barrier */
 
 /* the 128 accumulator operands of an m64n256 wgmma */
 #define WG_D128(C)                                                                                           \
@@ -118,8 +119,8 @@ __device__ __forceinline__ uint4 gelu8(uint4 v) {
 
 __global__ void __launch_bounds__(NTHREADS, 1) __cluster_dims__(CLUSTER, 1, 1)
     fc_gelu_kernel(const __grid_constant__ CUtensorMap tm_inp, const __grid_constant__ CUtensorMap tm_w,
-                   const __grid_constant__ CUtensorMap tm_pre, bf16* out, const bf16* bias, int M, int N,
-                   int K) {
+                   const __grid_constant__ CUtensorMap tm_pre, const __grid_constant__ CUtensorMap tm_out,
+                   const bf16* bias, int M, int N, int K) {
 #ifdef SM90A
     const uint32_t sA = smem_base(), sB = sA + STAGES * A_BYTES, sP = sB + STAGES * B_BYTES;
     const uint32_t full = sP + 4 * STG_BLOCK, empty = full + 8 * STAGES;
@@ -167,23 +168,30 @@ __global__ void __launch_bounds__(NTHREADS, 1) __cluster_dims__(CLUSTER, 1, 1)
         for (int p = pair0; p < npairs; p += pairs_step, tc++) {
             const int m0 = (p / nb * CLUSTER + rank) * BM, n0 = p % nb * BN;
             mbar_wait(pfull, tc & 1);
+            /* the staging tile to pre (rows past M are not written), then,
+             * once the copy engine has read it, gelu in place and the tile
+             * to out */
             if (e == 0) {
-                /* rows past M are not written */
                 for (int cb = 0; cb < 4; cb++) tma_store_2d(&tm_pre, n0 + 64 * cb, m0, sP + cb * STG_BLOCK);
                 bulk_commit();
+                bulk_wait_all<true>();
             }
-            /* 16-byte chunk q of the tile: block q / 1024, row q / 8 % 128,
-             * chunk q % 8 (a warp's 32 chunks: 4 whole rows) */
+            named_sync(BAR_EPI, NT_EPI);
+            /* 16-byte chunk q of the tile (a warp's 32 chunks: 4 whole rows
+             * of 64 columns) */
 #pragma unroll 4
             for (int q = e; q < 4 * BM * 8; q += NT_EPI) {
-                const int cb = q >> 10, r = (q >> 3) & (BM - 1), ch = q & 7;
-                if (m0 + r < M) {
-                    const uint4 v = gelu8(lds128(sP + cb * STG_BLOCK + sw128(r, ch)));
-                    *reinterpret_cast<uint4*>(out + (size_t)(m0 + r) * N + n0 + 64 * cb + 8 * ch) = v;
-                }
+                const uint32_t a = sP + (q >> 10) * STG_BLOCK + sw128((q >> 3) & (BM - 1), q & 7);
+                sts128(a, gelu8(lds128(a)));
             }
-            if (e == 0) bulk_wait_all<true>(); /* the copy engine has read the tile */
-            mbar_arrive(pempty);
+            fence_async_smem(); /* for the copy engine's store */
+            named_sync(BAR_EPI, NT_EPI);
+            if (e == 0) {
+                for (int cb = 0; cb < 4; cb++) tma_store_2d(&tm_out, n0 + 64 * cb, m0, sP + cb * STG_BLOCK);
+                bulk_commit();
+                bulk_wait_all<true>(); /* the copy engine has read the tile */
+            }
+            mbar_arrive(pempty); /* complete once thread 0 has arrived too */
         }
         if (e == 0) bulk_wait_all<false>();
     } else {
@@ -271,6 +279,9 @@ void fc_gelu_sm90_init(Backend* be) {
     CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, fc_gelu_kernel, &cfg));
     if (n < 1) fatal("fc forward: the wgmma kernel's clusters of %d blocks do not fit this GPU", CLUSTER);
     c->fc_clusters = n;
+    if (c->gemm_tune == 2)
+        fprintf(stderr, "fc forward: the wgmma kernel, %d clusters of %d blocks at once (%d multiprocessors)\n",
+                n, CLUSTER, c->num_sms);
 }
 
 bool fc_gelu_sm90_fits(const void* out, const void* pre, const void* inp, const void* w, const void* bias,
@@ -283,9 +294,9 @@ void fc_gelu_sm90(Backend* be, bf16* out, bf16* pre, const bf16* inp, const bf16
                   int K, int N) {
     CudaCtx* c = cuda_ctx(be);
     const CUtensorMap ti = tile_map(c, inp, K, M, BM), tw = tile_map(c, w, K, N, BN / CLUSTER),
-                      tp = tile_map(c, pre, N, M, BM);
+                      tp = tile_map(c, pre, N, M, BM), to = tile_map(c, out, N, M, BM);
     const int npairs = ((M + BM - 1) / BM + CLUSTER - 1) / CLUSTER * (N / BN);
     const int grid = CLUSTER * (npairs < c->fc_clusters ? npairs : c->fc_clusters);
-    fc_gelu_kernel<<<grid, NTHREADS, SMEM, c->stream>>>(ti, tw, tp, out, bias, M, N, K);
+    fc_gelu_kernel<<<grid, NTHREADS, SMEM, c->stream>>>(ti, tw, tp, to, bias, M, N, K);
     LAUNCH_CHECK();
 }

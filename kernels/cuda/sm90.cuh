@@ -73,6 +73,10 @@ __device__ __forceinline__ uint4 lds128(uint32_t a) {
                  : "memory");
     return v;
 }
+__device__ __forceinline__ void sts128(uint32_t a, uint4 v) {
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+}
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
@@ -131,7 +135,7 @@ __device__ __forceinline__ void cluster_sync() {
  * block's shared memory) of block `cta` of the cluster, this one included */
 __device__ __forceinline__ void mbar_arrive_cta(uint32_t bar, uint32_t cta) {
     asm volatile("{\n.reg .b32 a;\nmapa.shared::cluster.u32 a, %0, %1;\n"
-                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [a];\n}\n" ::"r"(bar),
+                 "mbarrier.arrive.shared::cluster.b64 _, [a];\n}\n" ::"r"(bar),
                  "r"(cta)
                  : "memory");
 }
