@@ -24,9 +24,9 @@
  *    with both operands in shared memory; at the tile's end they add the
  *    bias and write the bf16 pre-activation into a staging tile (stmatrix);
  *  - warps 1-3 (the epilogue): store the staging tile as pre (the copy
- *    engine), read it to compute gelu and store out (16-byte stores), then
- *    release it, which the consumers wait for only at the end of their next
- *    tile.
+ *    engine), then replace it by its gelu and store that as out (the copy
+ *    engine again), then release it, which the consumers wait for only at
+ *    the end of their next tile.
  * (All roles compile to the 168 registers a thread of a 384-thread block:
  * the consumers' 128 accumulators fit without setmaxnreg. A fourth
  * warpgroup would leave 128, too few for them.)
