@@ -920,71 +920,6 @@ static void t_memory(Ctx* cx) {
     CHECK(peak >= bytes, "peak_reserved (%zu) must cover a %zu-byte allocation", peak, bytes);
 }
 
-/* The fc forward with its GELU as the trainer runs it in bf16: on a compute
- * capability 9.0 GPU matmul_sm90.cu's kernel, against cuBLASLt's GELU
- * epilogue (a backend made with GPT2_CUDA_FC_GELU=lt) and the CPU. pre is
- * within the tolerance of both; out has exactly the bits of gelu_forward of
- * the kernel's own pre (the kernel computes the GELU from the bf16
- * pre-activation with the elementwise kernel's function); a second run gives
- * the same bits. Shapes: the GPT-2 fc (more tiles than multiprocessors),
- * rows that are no multiple of the kernel's 128-row tile, one k-step, no
- * bias. */
-static void t_fc_gelu(Ctx* cx, Backend* lt, int sm90, int M, int K, int N, int use_bias) {
-    char name[160], shape[64];
-    snprintf(shape, sizeof shape, "M=%d K=%d N=%d%s", M, K, N, use_bias ? " bias" : "");
-    const size_t ni = (size_t)M * K, no = (size_t)M * N, nw = (size_t)N * K, es = xs(cx);
-    float* inp = rand_x(cx, ni, 1.0f);
-    float* w = rand_x(cx, nw, 1.0f / sqrtf((float)K));
-    float* bias = use_bias ? rand_x(cx, N, 0.5f) : NULL;
-    void* dinp = up_x(cx, inp, ni);
-    void* dw = up_x(cx, w, nw);
-    void* dbias = use_bias ? up_x(cx, bias, N) : NULL;
-    void *out[2], *pre[2];
-    for (int r = 0; r < 2; r++) {
-        out[r] = poisoned(cx, no * es);
-        pre[r] = poisoned(cx, no * es);
-        cx->g->matmul_forward(cx->g, out[r], pre[r], dinp, dw, dbias, M, K, N);
-    }
-    void* lt_out = poisoned(cx, no * es);
-    void* lt_pre = poisoned(cx, no * es);
-    cx->g->synchronize(cx->g);
-    lt->matmul_forward(lt, lt_out, lt_pre, dinp, dw, dbias, M, K, N); /* one process: these buffers serve */
-    lt->synchronize(lt);
-    void* g2 = poisoned(cx, no * es);
-    cx->g->gelu_forward(cx->g, g2, pre[0], no);
-
-    float* rout = falloc(no);
-    float* rpre = falloc(no);
-    cx->c->matmul_forward(cx->c, rout, rpre, inp, w, bias, M, K, N);
-    float* got_pre = get_x(cx, pre[0], no);
-    float* got_out = get_x(cx, out[0], no);
-    float* lt_got = get_x(cx, lt_pre, no);
-    snprintf(name, sizeof name, "fc forward pre_gelu %s (CPU)", shape);
-    compare(cx, name, got_pre, rpre, no);
-    snprintf(name, sizeof name, "fc forward out %s (CPU)", shape);
-    compare(cx, name, got_out, rout, no);
-    snprintf(name, sizeof name, "fc forward pre_gelu %s (cuBLASLt)", shape);
-    compare(cx, name, got_pre, lt_got, no);
-    if (sm90) {
-        snprintf(name, sizeof name, "fc forward out %s = gelu_forward(pre)", shape);
-        check_same(cx, name, same_bits(cx, out[0], g2, no * es));
-    } else {
-        printf("  fc forward out %s = gelu_forward(pre): not asserted (cuBLASLt's epilogue runs here)\n",
-               shape);
-    }
-    snprintf(name, sizeof name, "fc forward %s twice", shape);
-    check_same(cx, name, same_bits(cx, out[0], out[1], no * es) && same_bits(cx, pre[0], pre[1], no * es));
-    free(inp);
-    free(w);
-    free(bias);
-    free(rout);
-    free(rpre);
-    free(got_pre);
-    free(got_out);
-    free(lt_got);
-    case_end(cx);
-}
-
 /* The CUDA backend runs, for each GEMM configuration, the fastest of
  * cuBLASLt's candidates that reproduces the heuristic's first candidate's
  * bits on the configuration's first call (kernels/cuda/matmul.cu). Its
@@ -1125,20 +1060,6 @@ static void run_all(Backend* cpu, DType dt) {
     t_classifier(&cx, 64, 50257, 50304);
     t_optimizer(&cx);
     t_gemm_choice(&cx);
-    if (dt == DTYPE_BF16) {
-        int major = 0, minor = 0;
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
-        setenv("GPT2_CUDA_FC_GELU", "lt", 1);
-        Backend* lt = backend_cuda_create(dt, 0, 0);
-        unsetenv("GPT2_CUDA_FC_GELU");
-        const int sm90 = major == 9 && minor == 0;
-        t_fc_gelu(&cx, lt, sm90, 8192, 768, 3072, 1);
-        t_fc_gelu(&cx, lt, sm90, 1000, 128, 512, 1);
-        t_fc_gelu(&cx, lt, sm90, 129, 192, 768, 1);
-        t_fc_gelu(&cx, lt, sm90, 300, 64, 256, 0);
-        lt->destroy(lt);
-    }
     cx.g->destroy(cx.g);
     if (dt == DTYPE_BF16) {
         /* the mma.sync kernels in both tile configurations (on a compute

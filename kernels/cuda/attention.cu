@@ -733,8 +733,7 @@ template <int HS, int NW> static void attn_set_smem() {
 
 void cuda_attention_init(Backend* be) {
     CudaCtx* c = cuda_ctx(be);
-    const int sm90 = c->sm90;
-    if (sm90) attn_sm90_init(be);
+    const int sm90 = c->sm90 && attn_sm90_init(be);
     for (int k = 0; k < 3; k++) c->attn_nw[k] = sm90 ? 0 : (k == 0 ? 8 : 4);
     const char* env = getenv("GPT2_CUDA_ATTN");
     if (env && *env) {

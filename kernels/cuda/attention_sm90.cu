@@ -44,9 +44,15 @@
  * portable PTX); attention.cu calls them only on a compute capability 9.0
  * device, and elsewhere the mma.sync kernels run. */
 #include "common.cuh"
-#include "sm90.cuh"
+
+#include <cuda.h> /* CUtensorMap (the driver's encoder is found at run time) */
+#include <cudaTypedefs.h>
 
 #include <math.h>
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define ATTN_SM90 1
+#endif
 
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
@@ -59,7 +65,7 @@ static constexpr int NT = 256;        /* threads a block (the backward's compute
  * which warp 8 loads the tiles and warp 9 keeps the dQ turns */
 static constexpr int NT_BWD = NT + 128;
 
-#ifdef SM90A
+#ifdef ATTN_SM90
 namespace {
 
 static constexpr int LOAD_WARP = 8, TURN_WARP = 9;
@@ -68,6 +74,12 @@ static constexpr int BAR_CONS = 1; /* the compute warps (NT threads) */
 static constexpr int BAR_GO = 2; /* a tile's dQ product may start: compute warps wait, the turn warp arrives */
 static constexpr int BAR_DONE = 3; /* a tile's dQ share is written: compute warps arrive, the turn warp waits */
 static constexpr int NT_TURN = NT + 32; /* threads at BAR_GO and BAR_DONE */
+
+/* ---- shared-memory tiles ---- */
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/* byte offset of 16-byte chunk c of row r in a swizzled tile */
+__device__ __forceinline__ uint32_t sw128(int r, int c) { return (uint32_t)(r * ROW + ((c ^ (r & 7)) << 4)); }
 
 /* rows [t0, t0 + ROWS) of a head (base = row 0, stride in elements) into
  * the swizzled tile at shared address sm; rows >= T are zero-filled. Thread
@@ -97,6 +109,38 @@ template <int N> __device__ __forceinline__ void cp_wait() {
 __device__ __forceinline__ void cp_wait_upto(bool one) {
     if (one) cp_wait<1>();
     else cp_wait<0>();
+}
+/* cp.async's writes become visible to wgmma (the async proxy) after this in
+ * every writing thread, then a barrier */
+__device__ __forceinline__ void fence_async_smem() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+/* ---- wgmma ---- */
+/* Matrix descriptor of a swizzled tile at shared address a: start address,
+ * leading and stride byte offsets (the stride between 8-row groups is 1024;
+ * the leading offset is unused by these shapes and set to the same), 128-byte
+ * swizzle. Adding n to it moves the start by 16 n bytes. */
+__device__ __forceinline__ uint64_t desc(uint32_t a) {
+    return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)(1024 >> 4) << 16) | ((uint64_t)(1024 >> 4) << 32) |
+           (1ull << 62);
+}
+constexpr uint64_t KSTEP_K = 32 >> 4;    /* K-major operand: next 16 columns */
+constexpr uint64_t KSTEP_MN = 2048 >> 4; /* MN-major operand: next 16 rows */
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+/* wait until at most N committed groups are still running (groups finish in
+ * the order they were committed) */
+template <int N> __device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void wg_wait0() { wg_wait<0>(); }
+/* keeps the compiler from moving accumulator reads or writes across the
+ * asynchronous MMA's issue and wait */
+template <int N> __device__ __forceinline__ void reg_fence(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 /* the A fragments of an MMA are read while it runs: this use after its wait
@@ -142,6 +186,16 @@ __device__ __forceinline__ void mma_rs_first(float (&d)[32], const uint32_t (&a)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
+/* 2^x, one MUFU instruction (subnormal results flushed to 0) */
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
 /* accumulator columns 16kc .. 16kc+15 of this thread's rows as the A
  * fragment of k-step kc */
 __device__ __forceinline__ void to_a(uint32_t (&a)[4], const float (&s)[32], int kc) {
@@ -153,6 +207,17 @@ __device__ __forceinline__ void to_a(uint32_t (&a)[4], const float (&s)[32], int
 __device__ __forceinline__ void zero32(float (&d)[32]) {
 #pragma unroll
     for (int i = 0; i < 32; i++) d[i] = 0.0f;
+}
+
+/* the warpgroup's index, read through a shuffle so that the compiler knows it
+ * is the same in every lane: wgmma under a branch it takes for divergent
+ * gets serialised */
+__device__ __forceinline__ int warpgroup() { return __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0); }
+
+/* the block's dynamic shared memory, its start rounded up to 1024 bytes */
+__device__ __forceinline__ uint32_t smem_base() {
+    extern __shared__ __align__(1024) unsigned char smraw[];
+    return (smem_addr(smraw) + 1023u) & ~1023u;
 }
 
 /* A operand in registers: this warp's 16 rows of a swizzled 64-row tile as
@@ -239,6 +304,15 @@ __device__ __forceinline__ void store_frags(uint32_t tile, const uint32_t (&a)[4
                      "r"(a[kk][0]), "r"(a[kk][1]), "r"(a[kk][2]), "r"(a[kk][3])
                      : "memory");
 }
+/* 16 bytes of shared memory */
+__device__ __forceinline__ uint4 lds128(uint32_t a) {
+    uint4 v;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(a)
+                 : "memory");
+    return v;
+}
 /* the order tokens of the dQ accumulation: a counter per (head, query
  * tile), read with acquire and passed on with release (GPU scope) */
 __device__ __forceinline__ int ld_acquire(const int* p) {
@@ -253,6 +327,37 @@ __device__ __forceinline__ void red_add2(float* p, float x, float y) {
     asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(x), "f"(y) : "memory");
 }
 
+/* ---- the backward's producer warps: mbarriers, the copy engine, named barriers ---- */
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+/* one arrival that also expects `bytes` from the copy engine in this phase */
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+/* waits until the phase of parity `parity` has completed (phases count
+ * from 0: a waiter for the n-th completion passes n & 1) */
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile("{\n.reg .pred done;\nWAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra WAIT;\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+/* whether the phase of parity `parity` has completed, without waiting */
+__device__ __forceinline__ bool mbar_test(uint32_t bar, uint32_t parity) {
+    uint32_t ok;
+    asm volatile("{\n.reg .pred done;\n"
+                 "mbarrier.test_wait.parity.shared::cta.b64 done, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, done;\n}\n"
+                 : "=r"(ok)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
+    return ok != 0;
+}
 /* one 64-row tile of a head (rows t0 .. t0 + 63; rows >= T read as zeros)
  * from the tensor map's [B][T][heads][64] view into the swizzled tile at
  * dst, completing on the mbarrier bar (8 KB of its expected bytes) */
@@ -263,6 +368,16 @@ __device__ __forceinline__ void tma_tile(uint32_t dst, const CUtensorMap* map, i
         "%4, %5}], [%6];\n" ::"r"(dst),
         "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(head), "r"(t0), "r"(b), "r"(bar)
         : "memory");
+}
+/* named barriers among some warps of the block (id 0 is __syncthreads'):
+ * sync waits for `count` threads in all, arrive counts this warp without
+ * waiting. A barrier orders the shared and global accesses before it in
+ * the arriving threads before those after it in the waiting ones. */
+__device__ __forceinline__ void named_sync(int id, int count) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int count) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
 /* ---- the qkv bias gradient's column sums (the backward's epilogues) ---- */
@@ -341,7 +456,7 @@ constexpr size_t SM90_SMEM_FWD = 1024 + 2 * TILE + 2 * NSTAGE * TILE; /* Q[128],
 /* ------------------------------------------------------------------------ */
 __global__ void __launch_bounds__(NT)
     attn_fwd_sm90(bf16* out, float* lse, const bf16* qkv, int T, int NH, float sl2) {
-#ifdef SM90A
+#ifdef ATTN_SM90
     const uint32_t sQ = smem_base(), sK = sQ + 2 * TILE, sV = sK + NSTAGE * TILE;
     const int qb = gridDim.x - 1 - blockIdx.x; /* heavy blocks first */
     const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
@@ -420,7 +535,7 @@ __global__ void __launch_bounds__(NT)
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
             /* a row's first tile always has an unmasked key (key 0), so mx
              * is finite here and mrow - mx is -inf (alpha 0) or finite */
-            alpha[r] = ex2_approx((mrow[r] - mx[r]) * sl2);
+            alpha[r] = ex2((mrow[r] - mx[r]) * sl2);
             mrow[r] = mx[r];
             msc[r] = mx[r] * sl2;
             lrow[r] *= alpha[r];
@@ -428,7 +543,7 @@ __global__ void __launch_bounds__(NT)
 #pragma unroll
         for (int i = 0; i < 32; i++) {
             const int r = (i >> 1) & 1;
-            float p = ex2_approx(fmaf(s[i], sl2, -msc[r]));
+            float p = ex2(fmaf(s[i], sl2, -msc[r]));
             s[i] = p;
             lrow[r] += p;
         }
@@ -546,7 +661,7 @@ __global__ void __launch_bounds__(NT_BWD, 1)
     attn_bwd_sm90(const __grid_constant__ CUtensorMap tm_qkv, const __grid_constant__ CUtensorMap tm_dout,
                   bf16* dqkv, float* partial, float* dqacc, int* turn, const float* ld, int T, int NH,
                   float sl2, float scale) {
-#ifdef SM90A
+#ifdef ATTN_SM90
     const uint32_t sK = smem_base(), sV = sK + 2 * TILE, sQ = sV + 2 * TILE, sO = sQ + NSTAGE * TILE;
     const uint32_t sS = sO + NSTAGE * TILE; /* dS^T of a tile: [128 keys][64 queries], two buffers */
     const uint32_t sA = sS + 4 * TILE;      /* key block 0: [8][NT] float pairs, a thread's own */
@@ -741,8 +856,7 @@ __global__ void __launch_bounds__(NT_BWD, 1)
                 Dq[2 * j + 1] = w.y;
             }
 #pragma unroll
-            for (int i = 0; i < 32; i++)
-                st[i] = ex2_approx(fmaf(st[i], sl2, nl[(i >> 2) * 2 + (i & 1)])); /* P^T */
+            for (int i = 0; i < 32; i++) st[i] = ex2(fmaf(st[i], sl2, nl[(i >> 2) * 2 + (i & 1)])); /* P^T */
             /* the causal mask, on the diagonal tile only (a compare and a
              * select per element on every tile were 64 of a warp's ~870
              * instructions a tile) */
@@ -906,14 +1020,44 @@ __global__ void __launch_bounds__(NT_BWD, 1)
 /* ------------------------------------------------------------------------ */
 /* launchers (attention.cu decides when these run)                          */
 /* ------------------------------------------------------------------------ */
-void attn_sm90_init(Backend* be) {
-    (void)be;
+/* writes 1 where the wgmma kernels were compiled (sm_90a machine code) */
+__global__ void attn_sm90_probe(int* flag) {
+#ifdef ATTN_SM90
+    *flag = 1;
+#else
+    *flag = 0;
+#endif
+}
+
+bool attn_sm90_init(Backend* be) {
+    CudaCtx* c = cuda_ctx(be);
+    cudaStream_t st = c->stream;
+    int* dflag = (int*)cuda_scratch(be, sizeof(int));
+    int flag = 0;
+    attn_sm90_probe<<<1, 1, 0, st>>>(dflag);
+    LAUNCH_CHECK();
+    CUDA_CHECK(cudaMemcpyAsync(&flag, dflag, sizeof(int), cudaMemcpyDeviceToHost, st));
+    CUDA_CHECK(cudaStreamSynchronize(st));
+    if (!flag) return false;
+    /* the backward's tensor maps are made by the driver's encoder, looked
+     * up here (no link against the driver library); without it the mma.sync
+     * kernels run */
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) !=
+            cudaSuccess ||
+        q != cudaDriverEntryPointSuccess || !fn) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    c->tmap_encode = fn;
     CUDA_CHECK(
         cudaFuncSetAttribute(attn_fwd_sm90, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SM90_SMEM_FWD));
     CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_sm90<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)SM90_SMEM_BWD));
     CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_sm90<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)SM90_SMEM_BWD));
+    return true;
 }
 
 void attn_sm90_forward(cudaStream_t st, bf16* out, float* lse, const bf16* qkv, int B, int T, int NH,

@@ -12,7 +12,6 @@
  * the libraries took (cuBLASLt, CUB's kernels' modules), but on a GPU shared
  * with other processes it also counts their growth after our start. */
 #include "common.cuh"
-#include "sm90.cuh"
 
 #include <stdlib.h>
 #include <string.h>
@@ -136,40 +135,6 @@ extern "C" int backend_cuda_available(void) {
     return n > 0;
 }
 
-/* writes 1 where the sm_90a machine code runs (sm90.cuh) */
-__global__ void sm90_probe(int* flag) {
-#ifdef SM90A
-    *flag = 1;
-#else
-    *flag = 0;
-#endif
-}
-
-/* Whether the wgmma kernels can run: a compute capability 9.0 GPU, this
- * build's sm_90a machine code, and the driver's tensor-map encoder (looked up
- * here: no link against the driver library), kept in c->tmap_encode.
- * Without them the portable kernels and cuBLASLt run. */
-static bool sm90_usable(Backend* be) {
-    CudaCtx* c = cuda_ctx(be);
-    int* dflag = (int*)cuda_scratch(be, sizeof(int));
-    int flag = 0;
-    sm90_probe<<<1, 1, 0, c->stream>>>(dflag);
-    LAUNCH_CHECK();
-    CUDA_CHECK(cudaMemcpyAsync(&flag, dflag, sizeof(int), cudaMemcpyDeviceToHost, c->stream));
-    CUDA_CHECK(cudaStreamSynchronize(c->stream));
-    if (!flag) return false;
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) !=
-            cudaSuccess ||
-        q != cudaDriverEntryPointSuccess || !fn) {
-        (void)cudaGetLastError();
-        return false;
-    }
-    c->tmap_encode = fn;
-    return true;
-}
-
 extern "C" Backend* backend_cuda_create(DType dtype, int device_index, int allow_tf32) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
@@ -234,7 +199,6 @@ extern "C" Backend* backend_cuda_create(DType dtype, int device_index, int allow
     be->matmul_backward_weight = cuda_matmul_backward_weight;
     be->encoder_backward_range = cuda_encoder_backward_range;
 
-    c->sm90 = c->sm90 && sm90_usable(be);
     cuda_matmul_init(be);
     cuda_attention_init(be);
     return be;

@@ -52,11 +52,8 @@ struct CudaCtx {
     cublasLtHandle_t lt;
     void* lt_workspace;
     size_t lt_workspace_bytes;
-    LtPlan* plans;   /* linked list of cached (shape -> descriptors + algorithm) */
-    int fc_wgmma;    /* GPT2_CUDA_FC_GELU: the fc forward by matmul_sm90.cu (1, the default where
-                    * CudaCtx.sm90) or by cuBLASLt's GELU epilogue (0) */
-    int fc_clusters; /* clusters of that kernel the GPU runs at once: its persistent grid */
-    int gemm_tune;   /* GPT2_CUDA_GEMM_TUNE: 0 the heuristic's first algorithm; 1 the fastest candidate
+    LtPlan* plans; /* linked list of cached (shape -> descriptors + algorithm) */
+    int gemm_tune; /* GPT2_CUDA_GEMM_TUNE: 0 the heuristic's first algorithm; 1 the fastest candidate
                     * with its bits (default); 2 the same, printing each choice and candidate (matmul.cu) */
     /* one scratch buffer reused by the kernels that need temporary memory
      * (only the compute stream touches it, so successive users are ordered) */
@@ -70,14 +67,13 @@ struct CudaCtx {
     int nchunks;
     double* dev_sumsq; /* partial sums [nchunks] + result */
     size_t dev_sumsq_bytes;
-    /* compute capability 9.0 (H100, H200), this build's sm_90a machine code
-     * and the driver's tensor-map encoder: the wgmma kernels run (backend.cu) */
+    /* compute capability 9.0 (H100, H200): the sm_90a machine code runs */
     int sm90;
     /* attention tensor-core kernels for the forward, dK/dV and dQ: warps a
      * block (4 or 8) of the mma.sync kernels, or 0 for the wgmma kernels of
      * attention_sm90.cu (head size 64 on sm90; attention.cu) */
     int attn_nw[3];
-    /* the driver's cuTensorMapEncodeTiled (the wgmma kernels' tensor maps) */
+    /* the driver's cuTensorMapEncodeTiled (attention_sm90.cu's backward) */
     void* tmap_encode;
 };
 
@@ -95,37 +91,6 @@ template <> __device__ __forceinline__ float to_f<bf16>(bf16 x) { return __bfloa
 template <typename T> __device__ __forceinline__ T from_f(float x);
 template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
 template <> __device__ __forceinline__ bf16 from_f<bf16>(float x) { return __float2bfloat16_rn(x); }
-
-/* 2^x, one MUFU instruction (subnormal results flushed to 0) */
-__device__ __forceinline__ float ex2_approx(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
-/* the tanh-approximated GELU and its derivative: one definition for the
- * elementwise kernels (misc.cu) and the fc GEMM's epilogue (matmul_sm90.cu),
- * so that both give the same bits. The forward as
- *   0.5 x (1 + tanh(u)) = x / (1 + e^(-2u)),  u = sqrt(2/pi) (x + 0.044715 x^3):
- * one exp2 and one reciprocal (MUFU) and four other instructions where the
- * tanhf form takes about 40 (the fc epilogue could not keep up with its GEMM
- * with those). Against the double-precision GELU, for |x| < 5, the second
- * form in float is within 2.2e-6 relative; the first loses up to 0.3 where
- * 1 + tanh(u) cancels (x near -5). For x below about -9, e^(-2u) is infinite
- * and the result -0. */
-#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
-#define GELU_C 0.044715f
-
-__device__ __forceinline__ float gelu_f(float x) {
-    const float a = -2.0f * 1.4426950408889634f * GELU_K, b = a * GELU_C; /* -2u log2(e) = x (a + b x^2) */
-    return __fdividef(x, 1.0f + ex2_approx(x * fmaf(b, x * x, a)));
-}
-__device__ __forceinline__ float gelu_grad_f(float x) {
-    float u = GELU_K * (x + GELU_C * x * x * x);
-    float th = tanhf(u);
-    float sech2 = 1.0f - th * th;
-    return 0.5f * (1.0f + th) + x * 0.5f * sech2 * GELU_K * (1.0f + 3.0f * GELU_C * x * x);
-}
 
 /* elements of T in 16 bytes */
 template <typename T> struct Vec16 { static constexpr int N = 16 / (int)sizeof(T); };
@@ -292,20 +257,12 @@ void cuda_bias_colsum_add(Backend* be, void* dbias, const void* dout, int N, int
 /* dbias[c] += sum over g in [0, chunks) of partial[g * OC + c], in that
  * order (for kernels that leave column sums of their output per block) */
 void cuda_bias_partials_add(Backend* be, void* dbias, const float* partial, int chunks, int OC);
-/* matmul_sm90.cu: the fc forward with its GELU (matmul_forward with
- * pre_gelu), bf16, only where CudaCtx.sm90 is set (init: its shared-memory
- * size) and fits says its shapes and alignments hold (K a multiple of 64, N
- * of 256, the matrices 16-byte and the bias 4-byte aligned). */
-void fc_gelu_sm90_init(Backend* be);
-bool fc_gelu_sm90_fits(const void* out, const void* pre, const void* inp, const void* w, const void* bias,
-                       int M, int K, int N);
-void fc_gelu_sm90(Backend* be, bf16* out, bf16* pre, const bf16* inp, const bf16* w, const bf16* bias, int M,
-                  int K, int N);
 /* attention.cu */
 void cuda_attention_init(Backend* be);
-/* attention_sm90.cu: bf16, head size 64, only where CudaCtx.sm90 is set
- * (init: their shared-memory sizes). */
-void attn_sm90_init(Backend* be);
+/* attention_sm90.cu: bf16, head size 64, compute capability 9.0 only.
+ * init: false when this build has no sm_90a machine code for them or the
+ * driver no tensor-map encoder (the backward loads through the copy engine). */
+bool attn_sm90_init(Backend* be);
 void attn_sm90_forward(cudaStream_t st, bf16* out, float* lse, const bf16* qkv, int B, int T, int NH,
                        float sl2);
 /* dK, dV and dQ in one kernel (D = rowsum(dO * O) computed here too).

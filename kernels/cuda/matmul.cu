@@ -1,7 +1,5 @@
 /* kernels/cuda/matmul.cu — matmul forward and backward through cuBLASLt, and
- * the deterministic bias-gradient column sum. The fc forward with its GELU
- * runs matmul_sm90.cu's kernel instead where it can (bf16 on a compute
- * capability 9.0 GPU; GPT2_CUDA_FC_GELU=lt keeps cuBLASLt's epilogue).
+ * the deterministic bias-gradient column sum.
  *
  * Row-major X[rows][cols] is column-major X^T, so (all in column-major terms):
  *   forward   out^T[OC,N]  = W^T-stored[C,OC]^T * inp^T[C,N]   (m=OC, n=N, k=C)
@@ -85,22 +83,6 @@ void cuda_matmul_init(Backend* be) {
                   env);
         c->gemm_tune = env[0] - '0';
     }
-    /* the fc forward's own kernel (bf16 on sm90), unless told otherwise */
-    const char* fc = getenv("GPT2_CUDA_FC_GELU");
-    c->fc_wgmma = c->sm90 && be->dtype == DTYPE_BF16;
-    if (fc && *fc) {
-        if (!strcmp(fc, "lt")) c->fc_wgmma = 0;
-        else if (strcmp(fc, "w"))
-            fatal(
-                "GPT2_CUDA_FC_GELU='%s': expected w (the wgmma kernel, the default on a compute capability 9.0 "
-                "GPU) or lt (cuBLASLt's GELU epilogue)",
-                fc);
-        else if (!c->fc_wgmma)
-            fatal(
-                "GPT2_CUDA_FC_GELU='w': the wgmma kernel needs bf16, a compute capability 9.0 GPU and a build "
-                "for sm_90a");
-    }
-    if (c->fc_wgmma) fc_gelu_sm90_init(be);
     CUBLAS_CHECK(cublasLtCreate(&c->lt));
     c->lt_workspace_bytes = LT_WORKSPACE_BYTES;
     c->lt_workspace = cuda_alloc_tracked(be, c->lt_workspace_bytes, MEM_OTHER);
@@ -462,11 +444,6 @@ void cuda_matmul_forward(Backend* be, void* out, void* pre_gelu, const void* inp
                          const void* bias, int N, int C, int OC) {
     if (N == 0 || OC == 0) return;
     if (pre_gelu) {
-        if (cuda_ctx(be)->fc_wgmma && fc_gelu_sm90_fits(out, pre_gelu, inp, w, bias, N, C, OC)) {
-            fc_gelu_sm90(be, (bf16*)out, (bf16*)pre_gelu, (const bf16*)inp, (const bf16*)w, (const bf16*)bias,
-                         N, C, OC);
-            return;
-        }
         cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
         if (OC % 8 == 0 && lt_matmul(be, out, w, inp, OC, N, C, 1, 0, C, C, OC, 0.0f, epi, bias, pre_gelu, OC))
             return;

@@ -3,6 +3,20 @@
  * every pointer allow them, scalar otherwise; grid-stride loops. */
 #include "common.cuh"
 
+#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+#define GELU_C 0.044715f
+
+__device__ __forceinline__ float gelu_f(float x) {
+    float u = GELU_K * (x + GELU_C * x * x * x);
+    return 0.5f * x * (1.0f + tanhf(u));
+}
+__device__ __forceinline__ float gelu_grad_f(float x) {
+    float u = GELU_K * (x + GELU_C * x * x * x);
+    float th = tanhf(u);
+    float sech2 = 1.0f - th * th;
+    return 0.5f * (1.0f + th) + x * 0.5f * sech2 * GELU_K * (1.0f + 3.0f * GELU_C * x * x);
+}
+
 static unsigned ew_blocks(size_t nvec, int threads) {
     size_t b = (nvec + threads - 1) / threads;
     if (b > 65535u * 16u) b = 65535u * 16u;
