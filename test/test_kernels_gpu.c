@@ -22,7 +22,8 @@
  *                               board's energy counter (NVML) read before and
  *                               after, the SM clock sampled meanwhile.
  *   --only NAME                 with --bench or --energy: only the rows
- *                               whose kernel name contains NAME. */
+ *                               whose kernel name contains NAME (no step
+ *                               estimate, no attention table). */
 #include "../kernels/kernels.h"
 #include "test.h"
 
@@ -1400,8 +1401,10 @@ static void run_bench(int energy, const char* only) {
     printf("%-42s %9s %12s %8s %6s", "kernel", "ms", "achieved", "floor ms", "x floor");
     if (energy) printf(" %9s %6s %6s %8s %7s", "mJ/call", "W", "MHz", "ms@load", "J/step");
     printf("\n");
+    int shown = 0;
     for (int i = 0; i < nrows; i++) {
         if (only && !strstr(rows[i].name, only)) continue;
+        shown++;
         b.op = rows[i].op;
         float ms = bench_time(&b, 20);
         double floor_ms, ach;
@@ -1426,7 +1429,9 @@ static void run_bench(int energy, const char* only) {
         printf("\n");
         step_ms += ms * rows[i].layers;
     }
-    if (energy)
+    if (only && !shown) fatal("test_kernels_gpu --only %s: no kernel row's name contains it", only);
+    /* the step estimates need every row */
+    if (energy && !only)
         printf(
             "energy of a rough step from the rows above: %.1f J (%.1f ms at those runs' pace); that energy at the "
             "%.0f W limit: %.1f ms -> %.0f tokens/s\n",
@@ -1434,11 +1439,12 @@ static void run_bench(int energy, const char* only) {
             N / (step_j / (nv.limit_mw * 1e-3)));
     /* a rough step: per layer 2 residual+LN fwd, 4 matmul fwd/bwd, attention
      * fwd/bwd, 2 LN bwd; plus the lm head, classifier, encoder, optimizer */
-    printf("rough step estimate from the rows above (weighted by use per step): %.1f ms -> %.0f tokens/s\n",
-           step_ms, N / (step_ms * 1e-3));
+    if (!only)
+        printf("rough step estimate from the rows above (weighted by use per step): %.1f ms -> %.0f tokens/s\n",
+               step_ms, N / (step_ms * 1e-3));
     printf("peak reserved %.2f GB, tracked peak %.2f GB\n", g->peak_reserved(g) / 1e9, g->mem.peak / 1e9);
     g->destroy(g);
-    if (!energy) bench_attention(&r);
+    if (!energy && !only) bench_attention(&r);
 }
 
 /* every attention kernel choice at GPT-2 124M sizes (B=64, T=1024, 12 heads
@@ -1505,8 +1511,10 @@ int main(int argc, char** argv) {
     const char* only = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--bench") == 0) bench = 1;
-        else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
-        else if (strcmp(argv[i], "--attention") == 0) attention_only = 1;
+        else if (strcmp(argv[i], "--only") == 0) {
+            if (i + 1 == argc) fatal("test_kernels_gpu: --only needs a NAME (part of a kernel row's name)");
+            only = argv[++i];
+        } else if (strcmp(argv[i], "--attention") == 0) attention_only = 1;
         else if (strcmp(argv[i], "--energy") == 0) energy = 1;
         else
             fatal("test_kernels_gpu: unknown flag %s (--bench, --attention, --energy or --only NAME)", argv[i]);
