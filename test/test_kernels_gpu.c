@@ -1295,56 +1295,7 @@ static void run_bench(int energy, const char* only) {
     b.Vp = 50304;
     b.N = b.B * b.T;
     size_t N = b.N, C = b.C;
-    Rng r;
-    rng_seed(&r, 42);
-    size_t act = N * 4 * C * 2;
-    b.x1 = g->alloc(g, act, MEM_ACTIVATIONS);
-    b.x2 = g->alloc(g, act, MEM_ACTIVATIONS);
-    b.x3 = g->alloc(g, act, MEM_ACTIVATIONS);
-    b.x4 = g->alloc(g, act, MEM_ACTIVATIONS);
-    size_t wsz = (size_t)b.Vp * C;
-    b.w = g->alloc(g, wsz * 2, MEM_PARAMS);
-    b.w2 = g->alloc(g, wsz * 2, MEM_GRADS);
-    b.bias = g->alloc(g, 4 * C * 2, MEM_PARAMS);
-    b.bias2 = g->alloc(g, 4 * C * 2, MEM_GRADS);
-    b.bias3 = g->alloc(g, 4 * C * 2, MEM_GRADS);
-    b.logits = g->alloc(g, N * b.Vp * 2, MEM_ACTIVATIONS);
-    b.mean = g->alloc(g, N * 4, MEM_ACTIVATIONS);
-    b.rstd = g->alloc(g, N * 4, MEM_ACTIVATIONS);
-    b.lse = g->alloc(g, N * b.NH * 4, MEM_ACTIVATIONS);
-    b.losses = g->alloc(g, N * 4, MEM_ACTIVATIONS);
-    b.tok = g->alloc(g, N * 4, MEM_ACTIVATIONS);
     b.P = 124475904;
-    b.params = g->alloc(g, b.P * 2, MEM_PARAMS);
-    b.grads = g->alloc(g, b.P * 2, MEM_GRADS);
-    b.master = g->alloc(g, b.P * 4, MEM_MASTER);
-    b.m = g->alloc(g, b.P * 4, MEM_ADAM_M);
-    b.v = g->alloc(g, b.P * 4, MEM_ADAM_V);
-    b.piece = (OptPiece){.buf_off = 0, .grad_off = 0, .rng_off = 0, .state_off = 0, .len = b.P, .decay = 1};
-    bench_fill(g, b.x1, act / 2, 1.0f, &r);
-    bench_fill(g, b.x2, act / 2, 1.0f, &r);
-    bench_fill(g, b.x3, act / 2, 1.0f, &r);
-    bench_fill(g, b.x4, act / 2, 1.0f, &r);
-    bench_fill(g, b.w, wsz, 0.02f, &r);
-    bench_fill(g, b.w2, wsz, 0.02f, &r);
-    bench_fill(g, b.bias, 4 * C, 0.1f, &r);
-    bench_fill(g, b.bias2, 4 * C, 0.1f, &r);
-    bench_fill(g, b.logits, N * b.Vp, 2.0f, &r);
-    bench_fill(g, b.params, b.P, 0.02f, &r);
-    bench_fill(g, b.grads, b.P, 0.001f, &r);
-    g->zero(g, b.m, b.P * 4);
-    g->zero(g, b.v, b.P * 4);
-    g->x_to_f32(g, b.master, b.params, b.P);
-    {
-        int* ht = xmalloc(N * 4);
-        for (size_t i = 0; i < N; i++) ht[i] = (int)(rng_u64(&r) % (uint64_t)b.V);
-        g->to_device(g, b.tok, ht, N * 4);
-        free(ht);
-    }
-    /* lse for the attention backward: run the forward once */
-    b.op = B_ATT_F;
-    bench_op(&b);
-
     struct {
         int op;
         const char* name;
@@ -1377,6 +1328,58 @@ static void run_bench(int energy, const char* only) {
         {B_ADAMW, "adamw (124M, bf16 params)", b.P * 28.0, 0, 1},
     };
     int nrows = (int)(sizeof rows / sizeof rows[0]);
+    int shown = 0;
+    for (int i = 0; i < nrows; i++) shown += !only || strstr(rows[i].name, only) != NULL;
+    if (!shown) fatal("test_kernels_gpu --only %s: no kernel row's name contains it", only);
+    Rng r;
+    rng_seed(&r, 42);
+    size_t act = N * 4 * C * 2;
+    b.x1 = g->alloc(g, act, MEM_ACTIVATIONS);
+    b.x2 = g->alloc(g, act, MEM_ACTIVATIONS);
+    b.x3 = g->alloc(g, act, MEM_ACTIVATIONS);
+    b.x4 = g->alloc(g, act, MEM_ACTIVATIONS);
+    size_t wsz = (size_t)b.Vp * C;
+    b.w = g->alloc(g, wsz * 2, MEM_PARAMS);
+    b.w2 = g->alloc(g, wsz * 2, MEM_GRADS);
+    b.bias = g->alloc(g, 4 * C * 2, MEM_PARAMS);
+    b.bias2 = g->alloc(g, 4 * C * 2, MEM_GRADS);
+    b.bias3 = g->alloc(g, 4 * C * 2, MEM_GRADS);
+    b.logits = g->alloc(g, N * b.Vp * 2, MEM_ACTIVATIONS);
+    b.mean = g->alloc(g, N * 4, MEM_ACTIVATIONS);
+    b.rstd = g->alloc(g, N * 4, MEM_ACTIVATIONS);
+    b.lse = g->alloc(g, N * b.NH * 4, MEM_ACTIVATIONS);
+    b.losses = g->alloc(g, N * 4, MEM_ACTIVATIONS);
+    b.tok = g->alloc(g, N * 4, MEM_ACTIVATIONS);
+    b.params = g->alloc(g, b.P * 2, MEM_PARAMS);
+    b.grads = g->alloc(g, b.P * 2, MEM_GRADS);
+    b.master = g->alloc(g, b.P * 4, MEM_MASTER);
+    b.m = g->alloc(g, b.P * 4, MEM_ADAM_M);
+    b.v = g->alloc(g, b.P * 4, MEM_ADAM_V);
+    b.piece = (OptPiece){.buf_off = 0, .grad_off = 0, .rng_off = 0, .state_off = 0, .len = b.P, .decay = 1};
+    bench_fill(g, b.x1, act / 2, 1.0f, &r);
+    bench_fill(g, b.x2, act / 2, 1.0f, &r);
+    bench_fill(g, b.x3, act / 2, 1.0f, &r);
+    bench_fill(g, b.x4, act / 2, 1.0f, &r);
+    bench_fill(g, b.w, wsz, 0.02f, &r);
+    bench_fill(g, b.w2, wsz, 0.02f, &r);
+    bench_fill(g, b.bias, 4 * C, 0.1f, &r);
+    bench_fill(g, b.bias2, 4 * C, 0.1f, &r);
+    bench_fill(g, b.logits, N * b.Vp, 2.0f, &r);
+    bench_fill(g, b.params, b.P, 0.02f, &r);
+    bench_fill(g, b.grads, b.P, 0.001f, &r);
+    g->zero(g, b.m, b.P * 4);
+    g->zero(g, b.v, b.P * 4);
+    g->x_to_f32(g, b.master, b.params, b.P);
+    {
+        int* ht = xmalloc(N * 4);
+        for (size_t i = 0; i < N; i++) ht[i] = (int)(rng_u64(&r) % (uint64_t)b.V);
+        g->to_device(g, b.tok, ht, N * 4);
+        free(ht);
+    }
+    /* lse for the attention backward: run the forward once */
+    b.op = B_ATT_F;
+    bench_op(&b);
+
     double step_ms = 0.0, step_j = 0.0, step_ems = 0.0;
     /* The floors, measured on this GPU the way the rows are (median of 20
      * back to back): B_COPY's device copy of one activation buffer (402 MB,
@@ -1401,10 +1404,8 @@ static void run_bench(int energy, const char* only) {
     printf("%-42s %9s %12s %8s %6s", "kernel", "ms", "achieved", "floor ms", "x floor");
     if (energy) printf(" %9s %6s %6s %8s %7s", "mJ/call", "W", "MHz", "ms@load", "J/step");
     printf("\n");
-    int shown = 0;
     for (int i = 0; i < nrows; i++) {
         if (only && !strstr(rows[i].name, only)) continue;
-        shown++;
         b.op = rows[i].op;
         float ms = bench_time(&b, 20);
         double floor_ms, ach;
@@ -1429,7 +1430,6 @@ static void run_bench(int energy, const char* only) {
         printf("\n");
         step_ms += ms * rows[i].layers;
     }
-    if (only && !shown) fatal("test_kernels_gpu --only %s: no kernel row's name contains it", only);
     /* the step estimates need every row */
     if (energy && !only)
         printf(
@@ -1520,7 +1520,8 @@ int main(int argc, char** argv) {
             fatal("test_kernels_gpu: unknown flag %s (--bench, --attention, --energy or --only NAME)", argv[i]);
     }
     if (energy && (bench || attention_only)) fatal("test_kernels_gpu: --energy runs alone");
-    if (only && !bench && !energy) fatal("test_kernels_gpu: --only selects rows of --bench or --energy");
+    if (only && (attention_only || (!bench && !energy)))
+        fatal("test_kernels_gpu: --only selects rows of --bench or --energy (not of --attention)");
 #ifdef USE_CUDA
     if (!backend_cuda_available()) {
         if (energy) fatal("test_kernels_gpu --energy: no CUDA GPU visible");
