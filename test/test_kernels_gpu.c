@@ -1282,6 +1282,9 @@ static void bench_energy(Bench* b, const Nvml* nv, float ms, double* mj, double*
     *mhz = nclk ? clk / nclk : 0.0;
 }
 
+/* --only NAME keeps the rows whose name contains NAME; no NAME keeps all */
+static int row_selected(const char* name, const char* only) { return !only || strstr(name, only) != NULL; }
+
 static void run_bench(int energy, const char* only) {
     Bench b;
     memset(&b, 0, sizeof b);
@@ -1329,7 +1332,7 @@ static void run_bench(int energy, const char* only) {
     };
     int nrows = (int)(sizeof rows / sizeof rows[0]);
     int shown = 0;
-    for (int i = 0; i < nrows; i++) shown += !only || strstr(rows[i].name, only) != NULL;
+    for (int i = 0; i < nrows; i++) shown += row_selected(rows[i].name, only);
     if (!shown) fatal("test_kernels_gpu --only %s: no kernel row's name contains it", only);
     Rng r;
     rng_seed(&r, 42);
@@ -1405,7 +1408,7 @@ static void run_bench(int energy, const char* only) {
     if (energy) printf(" %9s %6s %6s %8s %7s", "mJ/call", "W", "MHz", "ms@load", "J/step");
     printf("\n");
     for (int i = 0; i < nrows; i++) {
-        if (only && !strstr(rows[i].name, only)) continue;
+        if (!row_selected(rows[i].name, only)) continue;
         b.op = rows[i].op;
         float ms = bench_time(&b, 20);
         double floor_ms, ach;
