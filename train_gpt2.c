@@ -318,8 +318,8 @@ static void trainer_data(Trainer* t, const GPT2Config* cfg) {
     if (t->have_tok) tokenizer_init(&t->tok, a->tokenizer);
 }
 
-/* Checkpoints: checks --output_dir; with --resume, loads the newest complete one. Then the run log
- * (trimmed to the resumed step). */
+/* Checkpoints: checks --output_dir and --save_model; with --resume, loads the newest complete
+ * checkpoint. Then the run log (trimmed to the resumed step). */
 static void trainer_checkpoints(Trainer* t) {
     Args* a = &t->a;
     Pipeline* pp = &t->pp;
@@ -356,6 +356,7 @@ static void trainer_checkpoints(Trainer* t) {
               &hp);
     free(cks);
     int resumed = ckpt_start(&t->ck, a->resume, &t->prog);
+    if (a->save_model[0]) ckpt_check_save_model(&t->ck, a->save_model, a->save_version);
     runlog_open(&t->log, a->output_dir, t->rank, resumed ? t->prog.step : -1);
 }
 

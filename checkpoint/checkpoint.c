@@ -99,6 +99,11 @@ void ckpt_init(Checkpointer* c, Comm* comm, const CkptChunk* chunks, int nchunks
     }
 }
 
+/* the bytes of a model file of version 3 (fp32) or 5 (bf16) */
+static long long model_file_bytes(const Checkpointer* c, int version) {
+    return (long long)sizeof(int32_t) * GPT2_HEADER_INTS + (long long)c->P * (version == 3 ? 4 : 2);
+}
+
 /* Collective: the model file at path, written by the chunks' writers (each
  * pwrites its tensors at their places) into a file rank 0 created with the
  * header and the full size; fsynced. version 3 or 5. 0, or -1 on every rank
@@ -110,7 +115,7 @@ static int write_model_file(Checkpointer* c, const char* path, int version, char
     if (comm->rank == 0) {
         int32_t h[GPT2_HEADER_INTS];
         gpt2_header_encode(&c->cfg, version, h);
-        long long bytes = (long long)sizeof h + (long long)c->P * (version == 3 ? 4 : 2);
+        long long bytes = model_file_bytes(c, version);
         int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (fd < 0 || pwrite(fd, h, sizeof h, 0) != (ssize_t)sizeof h || ftruncate(fd, (off_t)bytes) != 0) {
             ckpt_errf(err, errlen, "%s: cannot write: %s", path, strerror(errno));
@@ -147,10 +152,60 @@ static int write_model_file(Checkpointer* c, const char* path, int version, char
     return 0;
 }
 
+/* rank 0: can path.tmp be created where path is, and does the model file
+ * fit on its file system? 0, or -1 with the reason in err */
+static int probe_save_model(const Checkpointer* c, const char* path, const char* tmp, int version, char* err,
+                            size_t errlen) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        ckpt_errf(err, errlen, "--save_model %s is a directory (it names the model file to write)", path);
+        return -1;
+    }
+    /* a tmp left by an earlier run's crash is overwritten by the save anyway:
+     * remove only what this probe created */
+    const int existed = stat(tmp, &st) == 0;
+    int fd = open(tmp, O_WRONLY | O_CREAT, 0644);
+    if (fd < 0) {
+        ckpt_errf(err, errlen, "--save_model %s: cannot create %s: %s", path, tmp, strerror(errno));
+        return -1;
+    }
+    struct statvfs sv;
+    const int have_vfs = fstatvfs(fd, &sv) == 0;
+    close(fd);
+    if (!existed) unlink(tmp);
+    const long long need = model_file_bytes(c, version);
+    if (have_vfs && (unsigned long long)sv.f_bavail * sv.f_frsize < (unsigned long long)need) {
+        ckpt_errf(err, errlen,
+                  "--save_model %s: %.1f MB free on its file system, but the model file needs %.1f MB", path,
+                  (double)sv.f_bavail * sv.f_frsize / 1048576.0, need / 1048576.0);
+        return -1;
+    }
+    return 0;
+}
+
+/* tmp = path + ".tmp"; -1 if that does not fit in len */
+static int save_model_tmp(char* tmp, size_t len, const char* path) {
+    return snprintf(tmp, len, "%s.tmp", path) < (int)len ? 0 : -1;
+}
+
+void ckpt_check_save_model(Checkpointer* c, const char* path, int version) {
+    char tmp[CKPT_PATH + 8];
+    CkptVerdict* v = xcalloc(1, sizeof *v);
+    if (save_model_tmp(tmp, sizeof tmp, path) != 0) {
+        ckpt_errf(v->msg, sizeof v->msg, "--save_model: path too long: %s", path);
+        v->status = -1;
+    } else if (c->comm->rank == 0 && probe_save_model(c, path, tmp, version, v->msg, sizeof v->msg) != 0) {
+        v->status = -1;
+    }
+    comm_broadcast_host(c->comm, v, sizeof *v);
+    if (v->status < 0) ckpt_fail_all(c->comm, "%s", v->msg);
+    free(v);
+}
+
 void ckpt_save_model(Checkpointer* c, const char* path, int version) {
     char tmp[CKPT_PATH + 8], err[1024];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
-        ckpt_fail_all(c->comm, "path too long: %s", path);
+    if (save_model_tmp(tmp, sizeof tmp, path) != 0)
+        ckpt_fail_all(c->comm, "--save_model: path too long: %s", path);
     if (write_model_file(c, tmp, version, err, sizeof err) != 0)
         ckpt_fail_all(c->comm, "--save_model: %s", err);
     int bad = 0;

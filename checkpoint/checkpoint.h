@@ -108,6 +108,12 @@ void ckpt_save(Checkpointer* c, const CkptProgress* p);
  * written by the chunks' writers into path.tmp, then renamed over path
  * (collective; one clear error on every rank on failure). */
 void ckpt_save_model(Checkpointer* c, const char* path, int version);
+/* Start-up, collective, before training: checks on rank 0 that
+ * ckpt_save_model(path, version) will be able to create path.tmp and that
+ * its file system has room for the model file, so that a bad --save_model
+ * ends the run before its steps are spent, not after. One clear error on
+ * every rank otherwise. */
+void ckpt_check_save_model(Checkpointer* c, const char* path, int version);
 void ckpt_free(Checkpointer* c);
 
 /* Prints "error: <msg>" on every rank that calls it, then ends them all

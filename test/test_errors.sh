@@ -49,6 +49,10 @@ expect "model file with a wrong version" "mver.bin.*version" 0 $SMALL --input_bi
 expect "model shape disagrees with the flags" "m.bin.*disagrees" 0 --input_bin "$TMP/good.bin" --model "$TMP/m.bin" --n_embd 64 --batch_size 2 --sequence_length 16
 expect "sequence longer than the model's maxT" "sequence_length 64 exceeds" 0 --input_bin "$TMP/good.bin" --model "$TMP/m.bin" --batch_size 2 --sequence_length 64
 expect "unknown model preset" "neither a preset" 0 --input_bin "$TMP/good.bin" --model d99
+# --- output files: refused at start-up, before any step is spent ---
+expect "--save_model in a missing directory (np 2)" "save_model .*nodir/m.bin: cannot create" 2 $SMALL --input_bin "$TMP/good.bin" --save_model "$TMP/nodir/m.bin"
+if grep -q '^step' "$TMP/err.txt"; then bad "--save_model in a missing directory: the run trained before refusing it"; fi
+expect "--save_model naming a directory" "save_model .* is a directory" 0 $SMALL --input_bin "$TMP/good.bin" --save_model "$TMP"
 # --- flags ---
 expect "batch size 0" "batch_size must be positive" 0 $SMALL --input_bin "$TMP/good.bin" --batch_size 0
 expect "negative sequence length" "sequence_length must be positive" 0 $SMALL --input_bin "$TMP/good.bin" --sequence_length -4
