@@ -152,6 +152,19 @@ static int write_model_file(Checkpointer* c, const char* path, int version, char
     return 0;
 }
 
+/* 0 if the file system holding path has need bytes free (or does not say),
+ * else -1 with "<what>: X MB free on its file system, but <item> needs Y MB" */
+static int check_room(const char* path, const char* what, const char* item, unsigned long long need, char* err,
+                      size_t errlen) {
+    struct statvfs sv;
+    if (statvfs(path, &sv) != 0) return 0;
+    const unsigned long long avail = (unsigned long long)sv.f_bavail * sv.f_frsize;
+    if (avail >= need) return 0;
+    ckpt_errf(err, errlen, "%s: %.1f MB free on its file system, but %s needs %.1f MB", what, avail / 1048576.0,
+              item, need / 1048576.0);
+    return -1;
+}
+
 /* rank 0: can path.tmp be created where path is, and does the model file
  * fit on its file system? 0, or -1 with the reason in err */
 static int probe_save_model(const Checkpointer* c, const char* path, const char* tmp, int version, char* err,
@@ -169,18 +182,13 @@ static int probe_save_model(const Checkpointer* c, const char* path, const char*
         ckpt_errf(err, errlen, "--save_model %s: cannot create %s: %s", path, tmp, strerror(errno));
         return -1;
     }
-    struct statvfs sv;
-    const int have_vfs = fstatvfs(fd, &sv) == 0;
     close(fd);
+    char what[CKPT_PATH + 16];
+    snprintf(what, sizeof what, "--save_model %s", path);
+    const int room =
+        check_room(tmp, what, "the model file", (unsigned long long)model_file_bytes(c, version), err, errlen);
     if (!existed) unlink(tmp);
-    const long long need = model_file_bytes(c, version);
-    if (have_vfs && (unsigned long long)sv.f_bavail * sv.f_frsize < (unsigned long long)need) {
-        ckpt_errf(err, errlen,
-                  "--save_model %s: %.1f MB free on its file system, but the model file needs %.1f MB", path,
-                  (double)sv.f_bavail * sv.f_frsize / 1048576.0, need / 1048576.0);
-        return -1;
-    }
-    return 0;
+    return room;
 }
 
 /* tmp = path + ".tmp"; -1 if that does not fit in len */
@@ -252,18 +260,9 @@ static int ckpt_probe_dir(const Checkpointer* c, char* err, size_t errlen) {
         return -1;
     }
     if (c->every > 0) {
-        struct statvfs sv;
-        size_t need = ckpt_bytes(c->P);
-        if (statvfs(c->dir, &sv) == 0) {
-            unsigned long long avail = (unsigned long long)sv.f_bavail * sv.f_frsize;
-            if (avail < need) {
-                ckpt_errf(err, errlen,
-                          "--output_dir %s: %.1f MB free on its file system, but one checkpoint "
-                          "needs %.1f MB",
-                          c->dir, avail / 1048576.0, need / 1048576.0);
-                return -1;
-            }
-        }
+        char what[CKPT_PATH + 16];
+        snprintf(what, sizeof what, "--output_dir %s", c->dir);
+        return check_room(c->dir, what, "one checkpoint", ckpt_bytes(c->P), err, errlen);
     }
     return 0;
 }
